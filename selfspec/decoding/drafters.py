@@ -1,0 +1,89 @@
+"""Drafters propose tokens for the full model to verify.
+
+`SelfDrafter` is Draft & Verify: the target model with a skip set, writing into the target's own cache.
+`ModelDrafter` is classic speculative decoding with a separate small model (same tokenizer) and its own
+cache. Both run the same draft loop; they differ only in which model, cache and pending tokens they use.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+
+from selfspec.decoding.draft_exit import DraftExit
+from selfspec.decoding.sampling import SamplingSettings, sample, scores
+from selfspec.models.cache import RewindableCache, forward, new_cache
+from selfspec.models.skip import SkipSet, skipping
+from selfspec.decoding.sampling import logits_processor
+
+
+@dataclass
+class Draft:
+    tokens: list[int] = field(default_factory=list)
+    probs: list[torch.Tensor] = field(default_factory=list)  # each (vocab,): q, for sampled verification
+
+
+def draft_loop(model, cache: RewindableCache, tokens: list[int], cached: int, max_tokens: int,
+               exit_policy: DraftExit, settings: SamplingSettings, generator, eos_token_id) -> Draft:
+    """Feed tokens[cached:] (not yet in `cache`), then draft up to `max_tokens` tokens one at a time.
+
+    Stops after a token whose top draft probability is below the policy's threshold, or after EOS.
+    """
+    processor = logits_processor(settings)
+    context = list(tokens)
+    logits = forward(model, cache, context[cached:], cached, last_only=True)  # (1, vocab)
+    draft = Draft()
+    while True:
+        row = scores(logits, context, len(context), processor)[0]  # (vocab,)
+        probs = torch.softmax(row, dim=-1)
+        token = int(row.argmax()) if settings.greedy else sample(probs, generator)
+        draft.tokens.append(token)
+        if not settings.greedy:
+            draft.probs.append(probs)
+        context.append(token)
+        confidence = float(probs.max())
+        if (len(draft.tokens) == max_tokens or token == eos_token_id or exit_policy.should_stop(confidence)):
+            return draft
+        logits = forward(model, cache, [token], len(context) - 1)
+
+
+class SelfDrafter:
+    """The target model with `skip` sublayers left out, over the target's own cache."""
+
+    def __init__(self, model, skip: SkipSet):
+        self.model, self.skip = model, skip
+
+    def start(self, prompt_len: int, max_len: int) -> None:
+        pass
+
+    def draft(self, cache, tokens, max_tokens, exit_policy, settings, generator, eos_token_id) -> Draft:
+        with skipping(self.model, self.skip):
+            return draft_loop(self.model, cache, tokens, len(tokens) - 1, max_tokens, exit_policy,
+                              settings, generator, eos_token_id)
+
+
+class ModelDrafter:
+    """A separate, smaller model sharing the target's tokenizer, with its own cache."""
+
+    def __init__(self, model):
+        self.model = model
+        self.cache: RewindableCache | None = None
+        self.cached_tokens: list[int] = []
+
+    def start(self, prompt_len: int, max_len: int) -> None:
+        self.cache, self.cached_tokens = new_cache(self.model, max_len), []
+
+    def draft(self, cache, tokens, max_tokens, exit_policy, settings, generator, eos_token_id) -> Draft:
+        cached = _common_prefix(self.cached_tokens, tokens, limit=len(tokens) - 1)
+        draft = draft_loop(self.model, self.cache, tokens, cached, max_tokens, exit_policy,
+                           settings, generator, eos_token_id)
+        self.cached_tokens = tokens + draft.tokens[:-1]
+        return draft
+
+
+def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    n = 0
+    for x, y in zip(a[:limit], b[:limit]):
+        if x != y:
+            break
+        n += 1
+    return n

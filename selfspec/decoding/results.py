@@ -1,0 +1,47 @@
+"""What one generation produced and how: per-verification records and per-prompt metrics."""
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class StepRecord:
+    """One full-model forward after the prefill: the draft it verified and what it kept."""
+    drafted: int
+    accepted: int
+    emitted: int  # tokens appended by this step: accepted drafts + the correction/bonus token (after EOS/length cut)
+    threshold: float
+    draft_s: float
+    verify_s: float
+
+
+@dataclass
+class GenerationResult:
+    new_tokens: list[int]
+    elapsed_s: float  # wall time of the whole generation, prefill included
+    prefill_s: float
+    steps: list[StepRecord] = field(default_factory=list)
+
+    @property
+    def drafted(self) -> int:
+        return sum(s.drafted for s in self.steps)
+
+    @property
+    def accepted(self) -> int:
+        return sum(s.accepted for s in self.steps)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted / drafted tokens; None when nothing was drafted."""
+        return self.accepted / self.drafted if self.drafted else None
+
+    @property
+    def mean_accepted_tokens(self) -> float | None:
+        """Tokens emitted per verification forward (1.0 for plain decoding)."""
+        return sum(s.emitted for s in self.steps) / len(self.steps) if self.steps else None
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.new_tokens) / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def step_dicts(self) -> list[dict]:
+        return [asdict(s) for s in self.steps]

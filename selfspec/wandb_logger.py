@@ -1,0 +1,64 @@
+"""Weights & Biases logging: per-verification acceptance and threshold, per-prompt speed, the summary.
+
+Offline by default (no network; `wandb sync <dir>/wandb/offline-run-*` uploads later).
+"""
+
+from pathlib import Path
+
+from selfspec.errors import SelfspecError
+from selfspec.records import PromptRecord
+
+MODES = ("offline", "online", "disabled")
+
+
+class WandbLogger:
+    def __init__(self, cfg, run_config: dict, out_dir: Path):
+        import wandb
+
+        if cfg.get("mode", "offline") not in MODES:
+            raise SelfspecError(f"logger.mode={cfg.get('mode')!r} is unknown; allowed: {', '.join(MODES)}")
+        self.run = wandb.init(project=cfg.get("project", "selfspec"), name=cfg.get("name"),
+                              mode=cfg.get("mode", "offline"), dir=str(out_dir), config=run_config)
+        self.verify_steps: dict[str, int] = {}
+
+    def _define(self, strategy: str) -> None:
+        self.run.define_metric(f"{strategy}/verify_step")
+        self.run.define_metric(f"{strategy}/step_*", step_metric=f"{strategy}/verify_step")
+        self.run.define_metric("prompt")
+        self.run.define_metric(f"{strategy}/prompt_*", step_metric="prompt")
+        self.verify_steps[strategy] = 0
+
+    def log_prompt(self, index: int, record: PromptRecord) -> None:
+        name = record.strategy
+        if name not in self.verify_steps:
+            self._define(name)
+        for step in record.steps:
+            self.verify_steps[name] += 1
+            self._log({f"{name}/verify_step": self.verify_steps[name],
+                       f"{name}/step_acceptance": step["accepted"] / step["drafted"] if step["drafted"] else None,
+                       f"{name}/step_drafted": step["drafted"],
+                       f"{name}/step_threshold": step["threshold"]})
+        self._log({"prompt": index, f"{name}/prompt_tokens_per_s": record.tokens_per_s,
+                   f"{name}/prompt_speedup": record.speedup,
+                   f"{name}/prompt_acceptance_rate": record.acceptance_rate})
+
+    def _log(self, row: dict) -> None:
+        self.run.log({k: v for k, v in row.items() if v is not None})
+
+    def log_summary(self, summary: dict) -> None:
+        for name, row in summary.items():
+            for key, value in row.items():
+                if key != "by_category":
+                    self.run.summary[f"{name}/{key}"] = value
+
+    def finish(self) -> None:
+        self.run.finish()
+
+
+def make_logger(cfg, run_config: dict, out_dir: Path) -> WandbLogger | None:
+    kind = cfg.get("kind", "none")
+    if kind == "none":
+        return None
+    if kind == "wandb":
+        return WandbLogger(cfg, run_config, out_dir)
+    raise SelfspecError(f"logger.kind={kind!r} is unknown; allowed: wandb, none")

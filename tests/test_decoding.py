@@ -1,0 +1,169 @@
+"""Losslessness: self-speculative (and two-model) decoding reproduces plain decoding exactly."""
+
+import copy
+import random
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from selfspec.decoding.draft_exit import AdaptiveExit, DraftExit, ThresholdExit
+from selfspec.decoding.drafters import ModelDrafter, SelfDrafter
+from selfspec.decoding.sampling import SamplingSettings, logits_processor
+from selfspec.decoding.speculative import generate, prefill, speculative_step
+from selfspec.errors import SelfspecError
+from selfspec.models.cache import forward, new_cache
+from selfspec.models.skip import make_skip_set
+from selfspec.models.tiny import tiny_model
+
+GREEDY = SamplingSettings(max_new_tokens=60)
+
+
+def hf_greedy(model, prompt, n, eos=None):
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=eos,
+                         pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def random_setup(rng, layers=6):
+    skip = make_skip_set(rng.sample(range(layers), rng.randint(0, 3)), rng.sample(range(layers), rng.randint(0, 3)),
+                         layers)
+    policy = rng.choice([DraftExit(rng.randint(1, 8)), ThresholdExit(rng.randint(1, 8), rng.random()),
+                         AdaptiveExit(rng.randint(1, 12), rng.random())])
+    return skip, policy
+
+
+def test_plain_greedy_equals_hf_generate_past_the_sliding_window(tiny, prompt):
+    plain = generate(tiny, prompt, GREEDY)
+    assert len(plain.new_tokens) == 60  # > prompt + sliding window of 16 for gemma2
+    assert plain.new_tokens == hf_greedy(tiny, prompt, 60)
+    assert plain.acceptance_rate is None and plain.mean_accepted_tokens == 1.0
+
+
+def test_self_speculative_greedy_equals_plain_for_random_skip_sets(tiny, prompt):
+    plain = generate(tiny, prompt, GREEDY).new_tokens
+    rng = random.Random(0)
+    for _ in range(12):
+        skip, policy = random_setup(rng)
+        result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip), policy)
+        assert result.new_tokens == plain, (skip, policy)
+        assert sum(s.emitted for s in result.steps) == 59  # the prefill emits the first token
+
+
+def test_greedy_equality_with_repetition_penalty(tiny, prompt):
+    settings = SamplingSettings(max_new_tokens=40, repetition_penalty=1.3)
+    plain = generate(tiny, prompt, settings).new_tokens
+    out = tiny.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, repetition_penalty=1.3,
+                        eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    assert plain == out
+    for skip in ([1], [4]):
+        result = generate(tiny, prompt, settings, SelfDrafter(tiny, make_skip_set(skip, skip, 6)), DraftExit(5))
+        assert result.new_tokens == plain
+
+
+def test_eos_inside_a_draft_and_length_reached_mid_draft(tiny, prompt):
+    plain = generate(tiny, prompt, GREEDY).new_tokens
+    eos = plain[25]  # some token the model emits: generation must stop at its first occurrence
+    expected = plain[: plain.index(eos) + 1]
+    perfect = ModelDrafter(tiny)  # drafts with the full model: every draft accepted, EOS lands inside a draft
+    for drafter in (perfect, SelfDrafter(tiny, make_skip_set([2], [3], 6))):
+        result = generate(tiny, prompt, GREEDY, drafter, DraftExit(8), eos_token_id=eos)
+        assert result.new_tokens == expected
+        assert hf_greedy(tiny, prompt, 60, eos=eos) == expected
+    for n in (1, 2, 13, 17):  # 8-token drafts would overshoot these lengths
+        short = SamplingSettings(max_new_tokens=n)
+        result = generate(tiny, prompt, short, perfect, DraftExit(8))
+        assert result.new_tokens == plain[:n]
+        assert max(s.drafted for s in result.steps or [DraftExit()]) <= 8 if result.steps else n == 1
+
+
+def test_two_model_speculative_greedy_equals_plain(tiny, prompt):
+    plain = generate(tiny, prompt, GREEDY).new_tokens
+    family = "gemma2" if tiny.config.model_type == "gemma2" else "llama"
+    small = tiny_model(family, num_layers=2, seed=1).double()
+    for policy in (DraftExit(3), ThresholdExit(6, 0.3), AdaptiveExit(6, 0.8)):
+        assert generate(tiny, prompt, GREEDY, ModelDrafter(small), policy).new_tokens == plain
+    assert generate(tiny, prompt, GREEDY, ModelDrafter(tiny), DraftExit(4)).acceptance_rate == 1.0
+
+
+def test_cache_holds_exactly_the_kept_tokens_after_every_step(tiny, prompt):
+    settings = SamplingSettings(max_new_tokens=40)
+    processor = logits_processor(settings)
+    cache = new_cache(tiny, 100)
+    drafter, policy = SelfDrafter(tiny, make_skip_set([1, 3], [2], 6)), DraftExit(5)
+    tokens = prompt + [prefill(tiny, cache, prompt, processor, settings, None)]
+    while len(tokens) - len(prompt) < 40:
+        new, step = speculative_step(tiny, cache, tokens, 40 - (len(tokens) - len(prompt)), drafter, policy,
+                                     processor, settings, None, None)
+        tokens += new
+        kept = len(tokens) - 1  # the last token is fed by the next step
+        fresh = new_cache(tiny, 100)
+        forward(tiny, fresh, tokens[:-1], 0)
+        for mine, ref in zip(cache.layers, fresh.layers):
+            assert int(mine.get_seq_length()) == kept
+            torch.testing.assert_close(mine.keys[:, :, :kept], ref.keys[:, :, :kept])
+            torch.testing.assert_close(mine.values[:, :, :kept], ref.values[:, :, :kept])
+
+
+def test_empty_prompt_is_rejected(tiny):
+    with pytest.raises(SelfspecError, match="empty prompt"):
+        generate(tiny, [], GREEDY)
+
+
+def perturbed_copy(model):
+    """A second model over the same vocabulary whose distributions overlap the target's only partly."""
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        other.lm_head.weight.add_(0.5 * torch.randn(other.lm_head.weight.shape, generator=torch.Generator().manual_seed(1),
+                                                     dtype=torch.float64))
+    return other
+
+
+def exact_pair_distribution(model, prompt, settings):
+    """P(new tokens 2 and 3) computed from the full model: sum over t1 of p(t1) p(t2|t1) p(t3|t1,t2)."""
+    processor = logits_processor(settings)
+
+    def dist(context):
+        from selfspec.decoding.sampling import scores
+        logits = forward(model, new_cache(model, 64), context, 0, last_only=True)
+        return torch.softmax(scores(logits, context, len(context), processor)[0], dim=-1)
+
+    pairs = {}
+    p1 = dist(prompt)
+    for t1 in p1.nonzero().flatten().tolist():
+        p2 = dist(prompt + [t1])
+        for t2 in p2.nonzero().flatten().tolist():
+            p3 = dist(prompt + [t1, t2])
+            for t3 in p3.nonzero().flatten().tolist():
+                pairs[(t2, t3)] = pairs.get((t2, t3), 0.0) + float(p1[t1] * p2[t2] * p3[t3])
+    return pairs
+
+
+@pytest.mark.parametrize("drafter_kind", ["self", "two_model"])
+def test_speculative_sampling_matches_the_full_models_distribution(drafter_kind):
+    """Chi-square goodness of fit of (token 2, token 3), both decided inside one speculative step, against
+    the exact distribution of plain sampling. The draft differs strongly from the target, so rejections and
+    residual resampling happen often."""
+    model = tiny_model("llama", num_layers=2, hidden_size=32, seed=3, init_std=0.3).double()
+    settings = SamplingSettings(temperature=1.0, top_k=3, max_new_tokens=3)
+    prompt = [5, 40, 77]
+    drafter = (SelfDrafter(model, make_skip_set([], [1], 2)) if drafter_kind == "self"
+               else ModelDrafter(perturbed_copy(model)))
+    exact = exact_pair_distribution(model, prompt, settings)
+    gen = torch.Generator().manual_seed(0)
+    n, counts, drafted, accepted = 3000, {}, 0, 0
+    for _ in range(n):
+        result = generate(model, prompt, settings, drafter, DraftExit(2), generator=gen)
+        key = tuple(result.new_tokens[1:3])
+        counts[key] = counts.get(key, 0) + 1
+        drafted, accepted = drafted + result.drafted, accepted + result.accepted
+    assert set(counts) <= set(exact)
+    assert 0.1 < accepted / drafted < 0.9  # both acceptance and rejection are exercised
+    keys = sorted(exact, key=exact.get, reverse=True)
+    big = [k for k in keys if exact[k] * n >= 5]
+    observed = [counts.get(k, 0) for k in big] + [n - sum(counts.get(k, 0) for k in big)]
+    expected = [exact[k] * n for k in big] + [n * (1 - sum(exact[k] for k in big))]
+    observed, expected = observed[:-1], expected[:-1] if expected[-1] < 5 else expected
+    if len(observed) < len(expected):
+        observed.append(n - sum(observed))
+    assert chisquare(observed, [e * sum(observed) / sum(expected) for e in expected]).pvalue > 0.001

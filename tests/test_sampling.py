@@ -1,0 +1,72 @@
+import pytest
+import torch
+
+from selfspec.decoding.sampling import (SamplingSettings, accept_probability, history_ids, logits_processor,
+                                        residual, scores)
+from selfspec.errors import SelfspecError
+
+LOGITS = torch.tensor([[2.0, 1.0, 0.0, -1.0]])  # softmax: 0.6439, 0.2369, 0.0871, 0.0321
+
+
+def probs(settings, logits=LOGITS, tokens=(0,)):
+    return torch.softmax(scores(logits, list(tokens), len(tokens), logits_processor(settings)), dim=-1)
+
+
+def test_temperature_divides_logits():
+    expected = torch.softmax(LOGITS / 0.5, dim=-1)
+    torch.testing.assert_close(probs(SamplingSettings(temperature=0.5)), expected)
+
+
+def test_top_k_keeps_the_k_largest():
+    e = torch.exp(torch.tensor([2.0, 1.0]))
+    expected = torch.tensor([[e[0] / e.sum(), e[1] / e.sum(), 0, 0]])
+    torch.testing.assert_close(probs(SamplingSettings(temperature=1.0, top_k=2)), expected)
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    # 0.644 < 0.8 <= 0.644 + 0.237: the two largest tokens stay
+    kept = probs(SamplingSettings(temperature=1.0, top_p=0.8))
+    assert (kept[0, 2:] == 0).all() and torch.isclose(kept[0, :2].sum(), torch.tensor(1.0))
+    kept = probs(SamplingSettings(temperature=1.0, top_p=0.5))
+    torch.testing.assert_close(kept, torch.tensor([[1.0, 0, 0, 0]]))
+
+
+def test_repetition_penalty_uses_each_rows_own_history():
+    settings = SamplingSettings(repetition_penalty=2.0)
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [2.0, 1.0, 0.0, -1.0]])
+    out = scores(logits, [3, 0], 1, logits_processor(settings))  # row 0 saw [3], row 1 saw [3, 0]
+    torch.testing.assert_close(out, torch.tensor([[2.0, 1.0, 0.0, -2.0], [1.0, 1.0, 0.0, -2.0]]))
+
+
+def test_history_ids_pads_with_a_repeat():
+    ids = history_ids([7, 8, 9], 2, 2, "cpu")
+    assert ids.tolist() == [[7, 8, 7], [7, 8, 9]]
+
+
+def test_greedy_applies_no_warpers():
+    assert len(logits_processor(SamplingSettings(temperature=0.0, top_k=5, top_p=0.5))) == 0
+
+
+def test_accept_then_resample_from_the_residual_yields_exactly_p():
+    """Sum over drafts x ~ q of [accept x] + [reject] * residual equals p, for random p, q (and disjoint supports)."""
+    gen = torch.Generator().manual_seed(0)
+    cases = [(torch.rand(6, generator=gen, dtype=torch.float64), torch.rand(6, generator=gen, dtype=torch.float64))
+             for _ in range(20)]
+    cases.append((torch.tensor([0.5, 0.5, 0, 0], dtype=torch.float64), torch.tensor([0, 0, 0.3, 0.7], dtype=torch.float64)))
+    cases.append((torch.tensor([0.2, 0.8], dtype=torch.float64), torch.tensor([0.2, 0.8], dtype=torch.float64)))
+    for p, q in cases:
+        p, q = p / p.sum(), q / q.sum()
+        support = q > 0
+        accept = torch.zeros_like(p)
+        accept[support] = accept_probability(p[support], q[support])
+        output = q * accept + (q * (1 - accept)).sum() * residual(p, q)
+        torch.testing.assert_close(output, p, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("kwargs,name", [({"temperature": -1.0}, "temperature"), ({"top_k": -2}, "top_k"),
+                                         ({"top_p": 0.0}, "top_p"), ({"top_p": 1.5}, "top_p"),
+                                         ({"max_new_tokens": 0}, "max_new_tokens"),
+                                         ({"repetition_penalty": 0.0}, "repetition_penalty")])
+def test_bad_sampling_settings(kwargs, name):
+    with pytest.raises(SelfspecError, match=f"sampling.{name}="):
+        SamplingSettings(**kwargs)
