@@ -51,7 +51,7 @@ def load_prompts(name: str, path: str | None = None, limit: int | None = None) -
     if name not in PROMPT_SETS:
         raise SelfspecError(f"unknown prompt set {name!r}; allowed: {', '.join(PROMPT_SETS)}")
     if name == "jsonl" and path is None:
-        raise SelfspecError("prompt set 'jsonl' needs path=<file.jsonl>; got path=None")
+        raise SelfspecError("prompt set 'jsonl' needs a file: data=jsonl data.path=<file.jsonl>; got data.path=None")
     if name != "jsonl" and path is not None:
         raise SelfspecError(f"path={str(path)!r} is only read for prompt set 'jsonl', not {name!r}")
 

@@ -17,7 +17,8 @@ def evaluate(strategies: list[Strategy], prompts: list[Prompt], prompt_ids: list
     """Run every strategy on every prompt (strategies interleaved per prompt, `repeats` timed runs each,
     median time kept), append records to out_dir/records.jsonl as prompts finish, return the summary."""
     records_path = out_dir / "records.jsonl"
-    records_path.unlink(missing_ok=True)
+    if records_path.exists():  # a rerun into the same directory keeps the earlier records beside the new ones
+        records_path.rename(out_dir / f"records-{int(records_path.stat().st_mtime)}.jsonl")
     if warmup:
         _warm_up(strategies, prompt_ids[0], seed)
     for index, (prompt, ids) in enumerate(tqdm(list(zip(prompts, prompt_ids)), desc="prompts", unit="prompt")):

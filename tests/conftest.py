@@ -1,8 +1,12 @@
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 from selfspec.models.tiny import byte_tokenizer, tiny_model
 
+sys.path.insert(0, str(Path(__file__).parent))  # test helpers (wandb_history)
 torch.set_num_threads(2)
 
 

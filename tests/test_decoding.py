@@ -20,8 +20,9 @@ GREEDY = SamplingSettings(max_new_tokens=60)
 
 
 def hf_greedy(model, prompt, n, eos=None):
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=eos,
-                         pad_token_id=0)
+    # pass the attention mask: without it transformers guesses padding from pad == eos ids inside the prompt
+    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                         max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=0)
     return out[0, len(prompt):].tolist()
 
 
@@ -53,8 +54,8 @@ def test_self_speculative_greedy_equals_plain_for_random_skip_sets(tiny, prompt)
 def test_greedy_equality_with_repetition_penalty(tiny, prompt):
     settings = SamplingSettings(max_new_tokens=40, repetition_penalty=1.3)
     plain = generate(tiny, prompt, settings).new_tokens
-    out = tiny.generate(torch.tensor([prompt]), max_new_tokens=40, do_sample=False, repetition_penalty=1.3,
-                        eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
+    out = tiny.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                        max_new_tokens=40, do_sample=False, repetition_penalty=1.3, eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
     assert plain == out
     for skip in ([1], [4]):
         result = generate(tiny, prompt, settings, SelfDrafter(tiny, make_skip_set(skip, skip, 6)), DraftExit(5))

@@ -47,7 +47,7 @@ def test_skipped_attention_writes_nothing_into_the_cache(tiny, prompt):
     with skipping(tiny, make_skip_set([1, 2], [], 6)):
         forward(tiny, cache, [5], n)
     for i, layer in enumerate(cache.layers):
-        written = bool(layer.keys[0, :, n].abs().sum() > 0)
+        written = bool(layer.key_buffer[0, :, n].abs().sum() > 0)
         assert written == (i not in (1, 2)), i
 
 

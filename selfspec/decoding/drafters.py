@@ -10,10 +10,9 @@ from dataclasses import dataclass, field
 import torch
 
 from selfspec.decoding.draft_exit import DraftExit
-from selfspec.decoding.sampling import SamplingSettings, sample, scores
+from selfspec.decoding.sampling import SamplingSettings, logits_processor, sample, scores
 from selfspec.models.cache import RewindableCache, forward, new_cache
 from selfspec.models.skip import SkipSet, skipping
-from selfspec.decoding.sampling import logits_processor
 
 
 @dataclass

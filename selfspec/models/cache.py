@@ -1,24 +1,57 @@
 """One KV cache shared by the full model and its drafts, rewound by position instead of cropped.
 
-Every layer is a full-length `StaticLayer` (sliding-window layers too: their window comes from the
-attention mask, so a draft that runs ahead never overwrites entries a later verify needs). Each forward
-first points every layer's write position at the first input position; entries past that position are
-stale but masked out by the causal mask until they are overwritten.
+Each layer preallocates `max_len` positions and hands attention a view of exactly the valid prefix, so the
+attention math (and its rounding) is the same as with transformers' DynamicCache. Sliding-window layers
+keep full length too: their window comes from the attention mask, so a draft that runs ahead never
+overwrites entries a later verification needs. Every forward first rewinds all layers to the position of
+its first input token; layers skipped by a draft write nothing and are simply rewound with the rest.
 """
 
 import torch
-from transformers import Cache, StaticLayer
+from transformers import Cache, DynamicLayer
+
+
+class RewindableLayer(DynamicLayer):
+    def __init__(self, max_len: int):
+        super().__init__()
+        self.max_len, self.length = max_len, 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        batch, heads = key_states.shape[:2]
+        self.key_buffer = key_states.new_zeros(batch, heads, self.max_len, key_states.shape[-1])
+        self.value_buffer = value_states.new_zeros(batch, heads, self.max_len, value_states.shape[-1])
+        self.is_initialized = True
+        self.rewind(self.length)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        self.key_buffer[:, :, self.length:end] = key_states
+        self.value_buffer[:, :, self.length:end] = value_states
+        self.rewind(end)
+        return self.keys, self.values  # (batch, kv_heads, end, head_dim)
+
+    def rewind(self, length: int) -> None:
+        self.length = length
+        if self.is_initialized:
+            self.keys = self.key_buffer[:, :, :length]
+            self.values = self.value_buffer[:, :, :length]
+
+    def get_seq_length(self) -> int:
+        return self.length
 
 
 class RewindableCache(Cache):
     def __init__(self, num_layers: int, max_len: int):
-        super().__init__(layers=[StaticLayer(max_cache_len=max_len) for _ in range(num_layers)])
+        super().__init__(layers=[RewindableLayer(max_len) for _ in range(num_layers)])
         self.max_len = max_len
 
     def rewind(self, length: int) -> None:
         """Make `length` the valid prefix on every layer: the next forward writes at position `length`."""
         for layer in self.layers:
-            layer.cumulative_length.fill_(length)
+            layer.rewind(length)
 
 
 def new_cache(model, max_len: int) -> RewindableCache:

@@ -1,0 +1,223 @@
+"""Hugging Face `generate` baselines behind our Strategy interface, and a peak-memory probe for any strategy.
+
+Names (summary.json keys): `hf_generate` (plain `model.generate`), `hf_prompt_lookup` (n-gram drafts copied from the
+prompt), `hf_early_exit` (the model's first layers draft, HF `assistant_early_exit`), `hf_assistant` (a separate
+draft model). Assisted decoding reads its draft length and confidence threshold from the *assistant's*
+`generation_config`, not from generate() arguments, so they are written there for one call and restored afterwards.
+Per-step records come from timing the candidate generator HF builds for the call (assisted modes) or the streamer
+(hf_generate); in assisted modes the prefill is the first step's verify forward, so `prefill_s` is 0 there.
+"""
+
+import ctypes
+import sys
+import time
+from collections.abc import Callable
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+from transformers.generation.streamers import BaseStreamer
+
+from selfspec.decoding.results import GenerationResult, StepRecord
+from selfspec.decoding.sampling import SamplingSettings
+from selfspec.errors import SelfspecError
+from selfspec.models.skip import num_layers
+
+HF_STRATEGIES = ("hf_generate", "hf_prompt_lookup", "hf_early_exit", "hf_assistant")
+PROMPT_LOOKUP_TOKENS = 10
+T = TypeVar("T")
+
+
+@dataclass
+class HFStrategy:
+    """`model.generate` with our settings; assisted when prompt_lookup_tokens, early_exit_layer or draft_model is set."""
+    name: str
+    model: object
+    settings: SamplingSettings
+    eos_token_id: int | None
+    prompt_lookup_tokens: int | None = None
+    early_exit_layer: int | None = None  # draft with layers [0, early_exit_layer), then the final norm and head
+    draft_model: object | None = None
+    num_assistant_tokens: int = 5  # most draft tokens per step (early exit, draft model)
+    confidence_threshold: float = 0.4  # HF's default: stop drafting below this draft probability; 0 = fixed length
+
+    def generate(self, prompt: list[int], generator: torch.Generator | None = None) -> GenerationResult:
+        """Batch size 1; sampling draws from the global RNG, seeded from `generator.initial_seed()` inside a fork."""
+        if not prompt:
+            raise SelfspecError("empty prompt: it must hold at least one token")
+        assistant = self.model if self.early_exit_layer is not None else self.draft_model
+        assisted = assistant is not None or self.prompt_lookup_tokens is not None
+        steps: list[StepRecord] = []
+        streamer = None if assisted else _TokenTimes()
+        start = time.perf_counter()
+        with ExitStack() as hooks:
+            hooks.enter_context(_seeded(generator, self.model.device))
+            if assistant is not None:
+                hooks.enter_context(_assistant_settings(assistant, self.num_assistant_tokens,
+                                                        self.confidence_threshold))
+            if assisted:
+                threshold = self.confidence_threshold if assistant is not None else 0.0
+                hooks.enter_context(_recording_steps(self.model, steps, threshold))
+            ids = torch.tensor([prompt], device=self.model.device)
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids), streamer=streamer,
+                                      **self._generate_kwargs())
+            new_tokens = out[0, len(prompt):].tolist()
+        elapsed_s = time.perf_counter() - start
+        prefill_s = 0.0
+        if streamer is not None:  # times[0]: the prompt, [1]: the prefill's token, then one per forward
+            prefill_s = streamer.times[1] - start
+            steps = [StepRecord(0, 0, 1, 0.0, 0.0, b - a) for a, b in zip(streamer.times[1:], streamer.times[2:])]
+        return GenerationResult(new_tokens, elapsed_s, prefill_s, steps)
+
+    def _generate_kwargs(self) -> dict:
+        s = self.settings
+        pad = self.model.generation_config.pad_token_id
+        kwargs = dict(max_new_tokens=s.max_new_tokens, eos_token_id=self.eos_token_id,
+                      pad_token_id=pad if pad is not None else (self.eos_token_id or 0),
+                      do_sample=not s.greedy, repetition_penalty=s.repetition_penalty)
+        if not s.greedy:
+            kwargs.update(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
+        if self.prompt_lookup_tokens is not None:
+            kwargs["prompt_lookup_num_tokens"] = self.prompt_lookup_tokens
+        if self.early_exit_layer is not None:
+            kwargs["assistant_early_exit"] = self.early_exit_layer
+        elif self.draft_model is not None:
+            kwargs["assistant_model"] = self.draft_model
+        return kwargs
+
+
+def make_hf_strategy(name: str, model, settings: SamplingSettings, eos_token_id, draft_model=None,
+                     early_exit_layer: int | None = None, num_assistant_tokens: int = 5,
+                     confidence_threshold: float = 0.4) -> HFStrategy:
+    """One of HF_STRATEGIES; early_exit_layer None means 3/4 of the model's layers."""
+    if name not in HF_STRATEGIES:
+        raise SelfspecError(f"strategy {name!r} is unknown; allowed HF baselines: {', '.join(HF_STRATEGIES)}")
+    if num_assistant_tokens < 1:
+        raise SelfspecError(f"num_assistant_tokens={num_assistant_tokens} must be >= 1")
+    if not 0 <= confidence_threshold < 1:
+        raise SelfspecError(f"confidence_threshold={confidence_threshold} is outside [0, 1); 0 drafts a fixed length")
+    common = dict(num_assistant_tokens=num_assistant_tokens, confidence_threshold=confidence_threshold)
+    if name == "hf_generate":
+        return HFStrategy(name, model, settings, eos_token_id)
+    if name == "hf_prompt_lookup":
+        return HFStrategy(name, model, settings, eos_token_id, prompt_lookup_tokens=PROMPT_LOOKUP_TOKENS)
+    if name == "hf_early_exit":
+        layers = num_layers(model)
+        layer = early_exit_layer if early_exit_layer is not None else max(1, 3 * layers // 4)
+        if not 1 <= layer <= layers:
+            raise SelfspecError(f"early_exit_layer={layer} is outside 1..{layers} (the model's layers)")
+        return HFStrategy(name, model, settings, eos_token_id, early_exit_layer=layer, **common)
+    if draft_model is None:
+        raise SelfspecError("strategy hf_assistant needs a draft model: set draft_model=<option>, e.g. draft_model=smollm2")
+    return HFStrategy(name, model, settings, eos_token_id, draft_model=draft_model, **common)
+
+
+def measure_peak_memory(run: Callable[[], T], device: torch.device | str = "cpu") -> tuple[T, float | None]:
+    """`run()`'s result and the peak memory growth during it, in MiB above the level at its start.
+
+    CUDA: `torch.cuda.max_memory_allocated` (tensors only). CPU: the process's peak RSS (Linux VmHWM, reset through
+    /proc/self/clear_refs), after returning freed heap to the OS so reused memory counts as growth again; other
+    threads' allocations count too. None where neither is available (CPU off Linux).
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        result = run()
+        torch.cuda.synchronize(device)
+        return result, (torch.cuda.max_memory_allocated(device) - before) / 2**20
+    if not sys.platform.startswith("linux"):
+        return run(), None
+    _return_free_heap()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # 5: reset the peak RSS to the current RSS
+    before = _proc_status_kb("VmRSS")
+    result = run()
+    return result, (_proc_status_kb("VmHWM") - before) / 1024
+
+
+class _TokenTimes(BaseStreamer):
+    """Records when HF hands over tokens: first the prompt, then each forward's new token(s)."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def put(self, value):
+        self.times.append(time.perf_counter())
+
+    def end(self):
+        pass
+
+
+@contextmanager
+def _recording_steps(model, steps: list[StepRecord], threshold: float):
+    """Append a StepRecord per assisted step by timing the candidate generator HF builds for this call:
+    drafted = candidates returned, accepted = HF's n_matches (after its EOS/length cut), emitted = accepted + 1."""
+    build = model._get_candidate_generator  # bound method; the instance attribute below shadows it for one call
+
+    def build_and_record(*args, **kwargs):
+        candidates = build(*args, **kwargs)
+        get_candidates, update = candidates.get_candidates, candidates.update_candidate_strategy
+        last = {}
+
+        def timed_get_candidates(input_ids, **kw):
+            t0 = time.perf_counter()
+            candidate_ids, candidate_logits = get_candidates(input_ids, **kw)
+            last.update(drafted=candidate_ids.shape[1] - input_ids.shape[1], draft_s=time.perf_counter() - t0,
+                        t1=time.perf_counter())
+            return candidate_ids, candidate_logits
+
+        def recorded_update(input_ids, scores, num_matches):
+            accepted = int(num_matches)
+            steps.append(StepRecord(last["drafted"], accepted, accepted + 1, threshold, last["draft_s"],
+                                    time.perf_counter() - last["t1"]))
+            return update(input_ids, scores, num_matches)
+
+        candidates.get_candidates, candidates.update_candidate_strategy = timed_get_candidates, recorded_update
+        return candidates
+
+    model._get_candidate_generator = build_and_record
+    try:
+        yield
+    finally:
+        del model._get_candidate_generator
+
+
+@contextmanager
+def _assistant_settings(assistant, num_tokens: int, threshold: float):
+    """Draft length (constant schedule) and confidence threshold on the assistant's generation_config, restored after."""
+    config = assistant.generation_config
+    keys = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+    saved = {key: getattr(config, key, None) for key in keys}
+    config.num_assistant_tokens, config.num_assistant_tokens_schedule = num_tokens, "constant"
+    config.assistant_confidence_threshold = threshold
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            setattr(config, key, value)
+
+
+@contextmanager
+def _seeded(generator: torch.Generator | None, device: torch.device):
+    """HF samples from the global RNG: seed it from `generator` inside a fork, so the caller's RNG is untouched."""
+    if generator is None:
+        yield
+        return
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(generator.initial_seed())
+        yield
+
+
+def _return_free_heap() -> None:
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def _proc_status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))

@@ -1,0 +1,61 @@
+"""Every option of every config group composes, and bad values end with a one-line message."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+GROUPS = sorted(p.name for p in CONF.iterdir() if p.is_dir())
+
+
+def options(group):
+    return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
+
+
+def compose_with(overrides):
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        return compose("config", overrides=overrides)
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
+def test_every_group_option_composes(group, option):
+    extra = {"skip": ["skip.path=x.yaml"] if option == "file" else [],
+             "data": ["data.path=x.jsonl"] if option == "jsonl" else []}.get(group, [])
+    cfg = compose_with([f"{group}={option}", *extra])
+    OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
+
+
+def test_each_model_brings_its_own_skip_set():
+    for model in options("model"):
+        assert model in options("skip"), f"conf/skip/{model}.yaml is missing"
+        assert compose_with([f"model={model}"]).skip == compose_with([f"skip={model}"]).skip
+
+
+def run_py(*overrides):
+    return subprocess.run([sys.executable, "run.py", *overrides], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["draft=threshold", "draft.threshold=1.5"], "draft.threshold=1.5 is outside [0, 1]"),
+    (["sampling.max_new_tokens=-3"], "sampling.max_new_tokens=-3 must be >= 1"),
+    (["skip.attn=[0,99]"], "layer id 99 is out of range; allowed: 0..5"),
+    (["data=jsonl"], "data.path"),
+    (["strategies=[plain,fastest]"], "strategy 'fastest' is unknown"),
+])
+def test_bad_values_end_with_one_clear_line(tmp_path, overrides, message):
+    result = run_py("model=tiny_llama", "logger=none", "data.limit=1", f"hydra.run.dir={tmp_path}", *overrides)
+    assert result.returncode != 0
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unknown_group_option_lists_the_allowed_ones(tmp_path):
+    result = run_py("model=gpt5", f"hydra.run.dir={tmp_path}")
+    assert result.returncode != 0 and "Could not find 'model/gpt5'" in result.stderr
+    assert "smollm2" in result.stderr and "Traceback" not in result.stderr

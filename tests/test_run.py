@@ -1,0 +1,64 @@
+"""run.py end to end on tiny models: records, summary, table, W&B offline history."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from wandb_history import history
+
+ROOT = Path(__file__).resolve().parents[1]
+SUMMARY_KEYS = {"tokens_per_s", "speedup", "acceptance_rate", "mean_accepted_tokens", "outputs_match_plain",
+                "n_prompts", "new_tokens"}
+
+
+def run_py(out_dir, *overrides):
+    result = subprocess.run([sys.executable, "run.py", f"hydra.run.dir={out_dir}", "data.limit=2",
+                             "sampling.max_new_tokens=24", *overrides], cwd=ROOT, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.mark.parametrize("model", ["tiny_llama", "tiny_gemma2"])
+def test_run_writes_records_summary_and_table(tmp_path, model):
+    result = run_py(tmp_path, f"model={model}", "model.dtype=float64", "logger=none", "data=chat",
+                    "strategies=[plain,self_spec,self_spec_fixed,two_model]", "draft_model=tiny_llama")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert list(summary) == ["plain", "self_spec", "self_spec_fixed", "two_model"]
+    for name, row in summary.items():
+        assert SUMMARY_KEYS <= set(row)
+        assert row["n_prompts"] == 2 and row["new_tokens"] > 0
+        assert row["outputs_match_plain"] == 1.0  # greedy: lossless
+    assert summary["plain"]["speedup"] == pytest.approx(1.0)
+    assert summary["self_spec"]["acceptance_rate"] is not None and summary["plain"]["acceptance_rate"] is None
+    records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    assert len(records) == 8 and {r["question_id"] for r in records} == {"chat-01", "chat-02"}
+    spec = [r for r in records if r["strategy"] == "self_spec"]
+    for r in spec:
+        assert sum(s["emitted"] for s in r["steps"]) + 1 == r["new_tokens"]
+        assert r["accepted"] == sum(s["accepted"] for s in r["steps"]) <= r["drafted"]
+        assert all(0 <= s["threshold"] <= 1 for s in r["steps"])
+    assert "| self_spec |" in result.stdout and "prompts: 100%" in result.stderr
+    assert (tmp_path / "summary.md").exists()
+
+
+def test_sampling_run_records_acceptance(tmp_path):
+    run_py(tmp_path, "model=tiny_llama", "logger=none", "sampling=sample", "strategies=[plain,self_spec]")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert 0 <= summary["self_spec"]["acceptance_rate"] <= 1
+
+
+def test_offline_wandb_run_logs_steps_prompts_and_summary(tmp_path):
+    run_py(tmp_path, "model=tiny_llama", "logger=wandb", "logger.mode=offline")
+    (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
+    rows = history(run_dir)
+    keys = set().union(*rows)
+    for key in ("self_spec/verify_step", "self_spec/step_acceptance", "self_spec/step_threshold",
+                "self_spec/prompt_tokens_per_s", "self_spec/prompt_speedup", "plain/prompt_tokens_per_s", "prompt"):
+        assert key in keys, key
+    thresholds = [row["self_spec/step_threshold"] for row in rows if "self_spec/step_threshold" in row]
+    records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    assert thresholds == [s["threshold"] for r in records if r["strategy"] == "self_spec" for s in r["steps"]]

@@ -1,0 +1,49 @@
+"""The embedded SmolLM2-135M-Instruct (fp32): plain greedy equals HF generate, self-speculation equals plain."""
+
+import pytest
+import torch
+
+from selfspec.data import encode_prompt, load_prompts
+from selfspec.decoding.draft_exit import AdaptiveExit, DraftExit
+from selfspec.decoding.drafters import SelfDrafter
+from selfspec.decoding.sampling import SamplingSettings
+from selfspec.decoding.speculative import generate
+from selfspec.models.loading import load_model
+from selfspec.models.skip import make_skip_set
+
+pytestmark = pytest.mark.slow
+SETTINGS = SamplingSettings(max_new_tokens=48)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_model({"name": "smollm2", "source": "smollm2"})
+
+
+@pytest.fixture(scope="module")
+def prompts(smollm2):
+    chosen = load_prompts("humaneval", limit=2) + load_prompts("chat", limit=2)
+    return [encode_prompt(smollm2.tokenizer, p) for p in chosen]
+
+
+def test_plain_greedy_equals_hf_generate(smollm2, prompts):
+    model, eos = smollm2.model, smollm2.tokenizer.eos_token_id
+    for ids in prompts:
+        ours = generate(model, ids, SETTINGS, eos_token_id=eos).new_tokens
+        theirs = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                max_new_tokens=48, do_sample=False, eos_token_id=eos, pad_token_id=eos)
+        assert ours == theirs[0, len(ids):].tolist()
+
+
+@pytest.mark.parametrize("attn,mlp,policy", [
+    ([3, 4, 5, 6, 7, 8, 26, 28], [], AdaptiveExit(12, 0.8)),
+    ([10, 12, 14, 16, 18, 20], [10, 12, 14, 16, 18, 20], DraftExit(4)),
+])
+def test_self_speculative_greedy_equals_plain(smollm2, prompts, attn, mlp, policy):
+    model, eos = smollm2.model, smollm2.tokenizer.eos_token_id
+    for ids in prompts:
+        plain = generate(model, ids, SETTINGS, eos_token_id=eos).new_tokens
+        result = generate(model, ids, SETTINGS, SelfDrafter(model, make_skip_set(attn, mlp, 30)), policy,
+                          eos_token_id=eos)
+        assert result.new_tokens == plain
+        assert result.drafted > 0
