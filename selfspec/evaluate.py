@@ -8,6 +8,7 @@ import torch
 from tqdm import tqdm
 
 from selfspec.data import Prompt
+from selfspec.decoding.hf_baselines import measure_peak_memory
 from selfspec.decoding.strategies import Strategy
 from selfspec.records import PromptRecord, append_record, read_records, summarize
 
@@ -24,7 +25,10 @@ def evaluate(strategies: list[Strategy], prompts: list[Prompt], prompt_ids: list
     for index, (prompt, ids) in enumerate(tqdm(list(zip(prompts, prompt_ids)), desc="prompts", unit="prompt")):
         plain = None
         for strategy in strategies:
-            runs = [strategy.generate(ids, _generator(strategy, seed + index)) for _ in range(repeats)]
+            measured = [measure_peak_memory(lambda: strategy.generate(ids, _generator(strategy, seed + index)),
+                                            strategy.model.device) for _ in range(repeats)]
+            runs = [result for result, _ in measured]
+            peaks = [mb for _, mb in measured if mb is not None]
             result = sorted(runs, key=lambda r: r.elapsed_s)[len(runs) // 2]
             result.elapsed_s = statistics.median(r.elapsed_s for r in runs)
             if strategy.name == "plain":
@@ -37,6 +41,7 @@ def evaluate(strategies: list[Strategy], prompts: list[Prompt], prompt_ids: list
                 acceptance_rate=result.acceptance_rate, mean_accepted_tokens=result.mean_accepted_tokens,
                 speedup=result.tokens_per_s / plain.tokens_per_s if plain else None,
                 matches_plain=result.new_tokens == plain.new_tokens if plain else None,
+                peak_mem_mb=max(peaks) if peaks else None,
                 output_ids=result.new_tokens, output_text=tokenizer.decode(result.new_tokens),
                 steps=result.step_dicts())
             append_record(records_path, record)

@@ -6,7 +6,9 @@ Agg. Every figure names the model and the date of its records in its title when 
 malformed input raises SelfspecError with a one-line message.
 """
 
+import functools
 import statistics
+import textwrap
 from collections import Counter
 
 import matplotlib
@@ -86,23 +88,41 @@ def _number(value, what: str) -> float:
 
 # --- shared pieces ---------------------------------------------------------------------------------------------
 
+def _styled(plot):
+    """Run a plot function under STYLE: matplotlib reads rcParams when each artist is made."""
+    @functools.wraps(plot)
+    def wrapper(*args, **kwargs):
+        with matplotlib.rc_context(STYLE):
+            return plot(*args, **kwargs)
+    return wrapper
+
+
 def _figure(width: float, height: float) -> Figure:
-    with matplotlib.rc_context(STYLE):
-        return Figure(figsize=(width, height), layout="constrained")
+    return Figure(figsize=(width, height), layout="constrained")
 
 
 def _subplots(fig: Figure, nrows: int, ncols: int, **kwargs):
-    with matplotlib.rc_context(STYLE):
-        axes = fig.subplots(nrows, ncols, squeeze=False, **kwargs)
-    return [ax for row in axes for ax in row]
+    return [ax for row in fig.subplots(nrows, ncols, squeeze=False, **kwargs) for ax in row]
 
 
 def _title(fig: Figure, title: str, model: str | None, date, *notes: str) -> None:
-    """Title, then one smaller line: model, date of the records, notes."""
+    """Title, then one line: model, date of the records, notes."""
     meta = " · ".join(str(part) for part in (model and f"model: {model}", date and f"records: {date}", *notes)
                       if part)
-    with matplotlib.rc_context(STYLE):
-        fig.suptitle(title + (f"\n{meta}" if meta else ""), fontsize=STYLE["figure.titlesize"])
+    width = int(fig.get_figwidth() * 72 / (0.5 * STYLE["figure.titlesize"]))  # characters that fit the width
+    lines = textwrap.wrap(meta, width, break_long_words=False) if meta else []
+    fig.suptitle("\n".join([title, *lines]))
+
+
+def _figure_legend(fig: Figure, axes) -> None:
+    """One legend for all panels, under them: every labelled artist once."""
+    handles = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    wide = sum(len(label) for label in handles) > 80
+    fig.legend(handles.values(), handles.keys(), loc="outside lower center",
+               ncols=min(2 if wide else 4, len(handles)))
 
 
 def _summary(records: list[dict], strategy: str, what: str) -> dict:
@@ -147,6 +167,7 @@ def _metric_axes(axes, metrics) -> None:
 
 # --- draft-exit threshold --------------------------------------------------------------------------------------
 
+@_styled
 def plot_threshold_sweep(settings: list[dict], *, strategy: str = "self_spec", model: str | None = None,
                          date=None) -> Figure:
     """Acceptance rate, tokens per verification and speedup against the draft-exit threshold.
@@ -176,19 +197,19 @@ def plot_threshold_sweep(settings: list[dict], *, strategy: str = "self_spec", m
         xs = [t + dodge for t, _ in points]
         label = {"threshold": "fixed threshold", "adaptive": "adaptive (x: initial threshold)"}.get(policy, policy)
         for ax, metric in zip(axes, metrics):
-            _metric_points(ax, xs, [r for _, r in points], strategy, metric, what, COLORS[number], label,
+            _metric_points(ax, xs, [r for _, r in points], strategy, metric, what, COLORS[number % len(COLORS)], label,
                            marker="os^D"[number % 4])
     _metric_axes(axes, metrics)
     for ax in axes:
         ax.set_xlabel("draft-exit threshold (draft probability)")
         ax.set_xlim(-0.04, 1.04)
-    axes[0].legend(loc="best")
-    axes[2].legend(loc="best")
+    _figure_legend(fig, axes)
     n_prompts = len({r["question_id"] for _, pts in by_policy.items() for _, rs in pts for r in rs})
     _title(fig, "Draft-exit threshold: fixed vs adaptive", model, date, f"{n_prompts} prompts", SPREAD_NOTE)
     return fig
 
 
+@_styled
 def plot_adaptive_trace(records: list[dict], *, strategy: str = "self_spec", target_acceptance: float | None = None,
                         window: int = 16, model: str | None = None, date=None) -> Figure:
     """The draft-exit threshold (top) and acceptance (bottom: per step, and over the last `window` steps) over
@@ -217,36 +238,44 @@ def plot_adaptive_trace(records: list[dict], *, strategy: str = "self_spec", tar
 
     fig = _figure(8.0, 4.4)
     top, bottom = _subplots(fig, 2, 1, sharex=True)
-    top.plot(steps, thresholds, color=COLORS[0], label="draft-exit threshold", drawstyle="steps-post")
-    top.set_ylabel("threshold (draft probability)")
+    top.plot(steps, thresholds, color=COLORS[0], label="draft-exit threshold (on the draft probability)",
+             drawstyle="steps-post")
+    top.set_ylabel("threshold")
     top.set_ylim(0, 1.02)
     bottom.plot(rate_steps, rates, linestyle="none", marker=".", markersize=3, color="0.55", alpha=0.6,
-                label="one verification step")
-    bottom.plot(steps, running, color=COLORS[1], label=f"last {window} steps")
+                label="acceptance (accepted / drafted) of a step")
+    bottom.plot(steps, running, color=COLORS[1], label=f"over the last {window} steps")
     if target_acceptance is not None:
         bottom.axhline(target_acceptance, color="0.3", linestyle="--", linewidth=1,
                        label=f"target {target_acceptance:g}")
-    bottom.set_ylabel("acceptance rate (accepted / drafted)")
+    bottom.set_ylabel("acceptance rate")
     bottom.set_ylim(-0.02, 1.05)
     bottom.set_xlabel("verification step (prompts in order)")
     bottom.set_xlim(0.5, len(thresholds) + 0.5)
-    previous = None
+    previous, spans = None, []  # (first step, category) where a category begins
     for start, category, _ in starts:
         new_category = category != previous
         for ax in (top, bottom):
-            ax.axvline(start + 0.5, color="0.5" if new_category else "0.85", linewidth=0.8 if new_category else 0.5,
+            ax.axvline(start + 0.5, color="0.45" if new_category else "0.85", linewidth=0.8 if new_category else 0.5,
                        zorder=0)
-        if new_category and start < len(thresholds):
-            top.annotate(category, (start + 0.5, 1.0), xycoords=("data", "axes fraction"), xytext=(2, -2),
-                         textcoords="offset points", ha="left", va="top", fontsize=7, color="0.35")
+        if new_category:
+            spans.append((start, category))
         previous = category
-    top.legend(loc="lower right")
-    bottom.legend(loc="lower right", ncols=3)
+    ends = [start for start, _ in spans[1:]] + [len(thresholds)]
+    categories = top.secondary_xaxis("top")  # category names above the plot, centred on their steps
+    categories.set_xticks([(start + end) / 2 + 0.5 for (start, _), end in zip(spans, ends)],
+                          [category for _, category in spans], fontsize=7, color="0.3")
+    categories.tick_params(length=0)
+    for ax in (top, bottom):
+        ax.grid(axis="x", visible=False)  # vertical lines mark prompts here
+    fig.align_ylabels([top, bottom])
+    _figure_legend(fig, [top, bottom])
     _title(fig, f"Adaptive draft exit over {len(records)} consecutive prompts", model, date,
            f"strategy {strategy}", f"{len(thresholds)} verification steps")
     return fig
 
 
+@_styled
 def plot_accepted_histogram(records: list[dict], *, strategies: list[str] | None = None, model: str | None = None,
                             date=None) -> Figure:
     """Share of verification steps that accepted 0, 1, 2, ... draft tokens, one bar group per strategy
@@ -271,7 +300,7 @@ def plot_accepted_histogram(records: list[dict], *, strategies: list[str] | None
         total = sum(count.values())
         mean = sum(k * v for k, v in count.items()) / total
         xs = [k + (number - (len(names) - 1) / 2) * width for k in range(top + 1)]
-        ax.bar(xs, [100 * count.get(k, 0) / total for k in range(top + 1)], width=width, color=COLORS[number],
+        ax.bar(xs, [100 * count.get(k, 0) / total for k in range(top + 1)], width=width, color=COLORS[number % len(COLORS)],
                label=f"{name} (mean {mean:.2f}, {total} steps)")
     ax.set_xlabel("accepted draft tokens in a verification step")
     ax.set_ylabel("share of verification steps (%)")
@@ -284,6 +313,7 @@ def plot_accepted_histogram(records: list[dict], *, strategies: list[str] | None
 
 # --- skip sets ------------------------------------------------------------------------------------------------
 
+@_styled
 def plot_skip_ratio(runs: list[dict], *, strategy: str = "self_spec", model: str | None = None, date=None) -> Figure:
     """Acceptance rate, tokens per verification and speedup against the share of sublayers skipped.
 
@@ -320,13 +350,13 @@ def plot_skip_ratio(runs: list[dict], *, strategy: str = "self_spec", model: str
         ax.xaxis.set_major_formatter(PercentFormatter(decimals=0))
         ax.set_xlabel("sublayers skipped (% of 2 × layers)")
     _metric_axes(axes, metrics)
-    axes[0].legend(loc="best")
-    axes[2].legend(loc="best")
+    _figure_legend(fig, axes)
     _title(fig, "Draft depth: share of sublayers skipped", model, date, f"{len(points)} random skip sets",
            SPREAD_NOTE)
     return fig
 
 
+@_styled
 def plot_skip_mask(attn: list[int], mlp: list[int], num_layers: int, *, title: str = "Skip mask",
                    model: str | None = None, date=None) -> Figure:
     """Heat-map of a skip set: attention and MLP rows x layers, skipped sublayers coloured."""
@@ -341,7 +371,7 @@ def plot_skip_mask(attn: list[int], mlp: list[int], num_layers: int, *, title: s
             if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < num_layers:
                 raise SelfspecError(f"{what}: {kind} layer id {i!r} is outside 0..{num_layers - 1}")
         rows.append([1 if i in ids else 0 for i in range(num_layers)])
-    fig = _figure(min(10.0, max(4.5, 1.8 + 0.24 * num_layers)), 2.0)
+    fig = _figure(min(10.0, max(6.0, 1.8 + 0.24 * num_layers)), 2.1)
     (ax,) = _subplots(fig, 1, 1)
     ax.imshow(rows, cmap=ListedColormap(["#eeeeee", "#c0392b"]), vmin=0, vmax=1, aspect="auto",
               interpolation="nearest")
@@ -402,6 +432,7 @@ def _trial_value(trial: dict, what: str) -> float:
     return _number(value, f"{what}: trial {trial['number']} metrics.expected_speedup")
 
 
+@_styled
 def plot_search_history(trials: list[dict], *, objective: str | None = None, model: str | None = None,
                         date=None) -> Figure:
     """Objective value per trial and the best so far (maximised); pruned trials marked along the bottom.
@@ -428,7 +459,7 @@ def plot_search_history(trials: list[dict], *, objective: str | None = None, mod
     ax.set_xlabel("trial")
     ax.set_ylabel(OBJECTIVE_LABELS.get(objective, "objective value"))
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.legend(loc="lower right")
+    _figure_legend(fig, [ax])
     best_trial = complete[ys.index(max(ys))]["number"]
     _title(fig, "Skip-set search: optimisation history", model, date,
            f"{len(trials)} trials ({len(complete)} complete)", f"best: #{best_trial}")
@@ -442,6 +473,7 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     return sorted(front, key=lambda i: points[i])
 
 
+@_styled
 def plot_pareto_front(trials: list[dict], *, chosen: int | None = None, model: str | None = None,
                       date=None) -> Figure:
     """Share of sublayers skipped (draft cost saved) against tokens per verification, over the complete trials;
@@ -465,7 +497,7 @@ def plot_pareto_front(trials: list[dict], *, chosen: int | None = None, model: s
     if chosen is not None and chosen in numbers:
         x, y = points[numbers.index(chosen)]
         ax.plot([100 * x], [y], linestyle="none", marker="*", markersize=13, color=COLORS[0],
-                label=f"chosen (#{chosen})")
+                label=f"chosen by the search (#{chosen})")
     ax.xaxis.set_major_formatter(PercentFormatter(decimals=0))
     ax.set_xlabel("sublayers skipped (% of 2 × layers)")
     ax.set_ylabel("tokens per verification step")
@@ -487,6 +519,7 @@ def _bars_with_prompts(ax, xs, heights, per_prompt, color, label, width):
                 alpha=0.55, label="_prompt")
 
 
+@_styled
 def plot_strategy_speedups(records: list[dict], *, model: str | None = None, date=None) -> Figure:
     """Speedup over plain decoding per prompt category (and all prompts) for each non-plain strategy: bars at the
     category's total tokens/s ratio, a dot per prompt."""
@@ -509,7 +542,7 @@ def plot_strategy_speedups(records: list[dict], *, model: str | None = None, dat
                    for group in groups]
         per_prompt = [[r["speedup"] for r in records if r["strategy"] == name and group in ("all", r["category"])]
                       for group in groups]
-        _bars_with_prompts(ax, xs, heights, per_prompt, COLORS[number], name, width)
+        _bars_with_prompts(ax, xs, heights, per_prompt, COLORS[number % len(COLORS)], name, width)
     n = Counter(r["category"] for r in records if r["strategy"] == names[0])
     labels = [f"{g}\n(n={n[g] if g != 'all' else sum(n.values())})" for g in groups]
     ax.set_xticks(range(len(groups)), labels, rotation=30 if len(groups) > 8 else 0)
@@ -518,10 +551,11 @@ def plot_strategy_speedups(records: list[dict], *, model: str | None = None, dat
     ax.set_ylabel(METRICS["speedup"][0])
     ax.set_xlabel("prompt category (n = prompts)")
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    _title(fig, "Speedup by strategy and prompt category", model, date, "dots: prompts")
+    _title(fig, "Speedup by strategy and prompt category", model, date, "dots: single prompts")
     return fig
 
 
+@_styled
 def plot_sampling(runs: list[dict], *, strategy: str = "self_spec", model: str | None = None, date=None) -> Figure:
     """Acceptance rate, tokens per verification and speedup per sampling setting (greedy, temperature/top-p):
     bars at each run's summary value, a dot per prompt.
@@ -541,12 +575,12 @@ def plot_sampling(runs: list[dict], *, strategy: str = "self_spec", model: str |
         for number, run in enumerate(runs):
             value = _summary(run["records"], strategy, what)[metric]
             values = [r[metric] for r in run["records"] if r["strategy"] == strategy]
-            _bars_with_prompts(ax, [number], [value], [values], COLORS[number], f"_{run['label']}", 0.6)
-        ax.set_xticks(range(len(runs)), [run["label"] for run in runs])
+            _bars_with_prompts(ax, [number], [value], [values], COLORS[number % len(COLORS)], f"_{run['label']}", 0.6)
+        ax.set_xticks(range(len(runs)), [textwrap.fill(str(run["label"]), 14) for run in runs])
         ax.grid(axis="x", visible=False)
     _metric_axes(axes, metrics)
-    axes[2].legend(loc="best")
+    _figure_legend(fig, axes)
     n_prompts = len({r["question_id"] for run in runs for r in run["records"]})
     _title(fig, "Greedy decoding vs sampling", model, date, f"strategy {strategy}", f"{n_prompts} prompts",
-           "dots: prompts")
+           "dots: single prompts")
     return fig

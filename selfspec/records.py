@@ -23,6 +23,7 @@ class PromptRecord:
     mean_accepted_tokens: float | None
     speedup: float | None  # tokens/s over plain decoding of the same prompt in this run
     matches_plain: bool | None
+    peak_mem_mb: float | None = None  # peak memory growth during generate, MiB, max over repeats (CPU: peak RSS)
     output_ids: list[int] = field(default_factory=list)
     output_text: str = ""
     steps: list[dict] = field(default_factory=list)  # StepRecord fields, one per verification
@@ -66,6 +67,7 @@ def _aggregate(mine: list[dict], plain: list[dict]) -> dict:
         "outputs_match_plain": sum(matches) / len(matches) if matches else None,
         "n_prompts": len(mine),
         "new_tokens": tokens,
+        "peak_mem_mb": max((r["peak_mem_mb"] for r in mine if r.get("peak_mem_mb") is not None), default=None),
         "median_prompt_speedup": statistics.median(s) if (s := [r["speedup"] for r in mine
                                                                  if r["speedup"] is not None]) else None,
     }
@@ -73,10 +75,10 @@ def _aggregate(mine: list[dict], plain: list[dict]) -> dict:
 
 def markdown_table(summary: dict) -> str:
     columns = ["tokens_per_s", "speedup", "acceptance_rate", "mean_accepted_tokens", "outputs_match_plain",
-               "n_prompts", "new_tokens"]
+               "n_prompts", "new_tokens", "peak_mem_mb"]
     lines = ["| strategy | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for name, row in summary.items():
-        lines.append(f"| {name} | " + " | ".join(_fmt(row[c]) for c in columns) + " |")
+        lines.append(f"| {name} | " + " | ".join(_fmt(row.get(c)) for c in columns) + " |")
     return "\n".join(lines)
 
 

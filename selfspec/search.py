@@ -46,6 +46,7 @@ from selfspec.models.skip_config import skip_from_config, write_skip_file
 OBJECTIVES = ("tokens_per_s", "acceptance", "pareto")
 SAMPLERS = ("tpe", "gp", "random")
 JOURNAL_NAME = "optuna_journal.log"
+JOURNAL_LOCK_GRACE_S = 10  # appends hold the lock for milliseconds; optuna's default waits 30 s on a stale lock
 FINISHED = (TrialState.COMPLETE, TrialState.PRUNED)  # what counts towards search.n_trials
 WORKER = f"{socket.gethostname()}:{os.getpid()}"  # written on every trial, to spot trials of dead workers
 
@@ -227,7 +228,8 @@ def search_prompts(search_data, eval_data=None) -> list[Prompt]:
 
 def _eval_ids(data) -> set:
     try:
-        names = data.name if OmegaConf.is_list(data.name) else [data.name]
+        names = data.get("name")
+        names = list(names) if OmegaConf.is_list(names) or isinstance(names, (list, tuple)) else [names]
         return {p.question_id for name in names for p in load_prompts(name, data.get("path"), data.get("limit"))}
     except (SelfspecError, OmegaConfBaseException):
         return set()
@@ -249,8 +251,10 @@ def open_storage(spec, out_dir: Path):
     if path.is_dir() or not path.parent.is_dir():
         raise SelfspecError(f"search.storage={spec!r} cannot be opened: give a journal file in an existing "
                             f"directory, or an RDB URL (sqlite:///study.db, postgresql://...)")
+    # A worker killed while appending leaves the lock file; the next opener breaks it after the grace period.
+    lock = optuna.storages.journal.JournalFileSymlinkLock(str(path), grace_period=JOURNAL_LOCK_GRACE_S)
     try:
-        backend = optuna.storages.journal.JournalFileBackend(str(path))
+        backend = optuna.storages.journal.JournalFileBackend(str(path), lock_obj=lock)
     except OSError as err:
         raise SelfspecError(f"search.storage={spec!r} cannot be opened: {_first_line(err)}") from None
     return optuna.storages.JournalStorage(backend), str(path)
@@ -363,7 +367,8 @@ def prompt_counts(result: GenerationResult) -> dict:
 def prompt_value(counts: dict, key: str) -> float | None:
     """Per-prompt tokens_per_s or mean_accepted_tokens, reported to the pruner."""
     if key == "tokens_per_s":
-        return counts["decode_tokens"] / counts["decode_s"] if counts["decode_s"] > 0 else None
+        timed = counts["decode_tokens"] and counts["decode_s"] > 0
+        return counts["decode_tokens"] / counts["decode_s"] if timed else None
     return counts["emitted"] / counts["verify_steps"] if counts["verify_steps"] else None
 
 
@@ -537,7 +542,8 @@ def _best_text(study, objective: str) -> str:
         return "best=-"
     best = choose_best(study, objective)
     if objective == "pareto":
-        return f"front={len(study.best_trials)} chosen=#{best.number} ({best.user_attrs['metrics']['expected_speedup']:.3g}x est.)"
+        speedup = best.user_attrs["metrics"]["expected_speedup"]
+        return f"front={len(study.best_trials)} chosen=#{best.number} (expected {speedup:.3g}x)"
     return f"best={best.value:.4g} (#{best.number})"
 
 

@@ -140,6 +140,19 @@ def exact_pair_distribution(model, prompt, settings):
     return pairs
 
 
+def chi_square_pvalue(counts: dict, exact: dict) -> float:
+    """Goodness of fit of observed counts to exact probabilities; cells expecting < 5 are pooled."""
+    n = sum(counts.values())
+    big = [k for k in exact if exact[k] * n >= 5]
+    observed = [counts.get(k, 0) for k in big]
+    expected = [exact[k] * n for k in big]
+    rest = n - sum(observed), n - sum(expected)
+    if rest[1] >= 5:
+        observed.append(rest[0])
+        expected.append(rest[1])
+    return chisquare(observed, [e * sum(observed) / sum(expected) for e in expected]).pvalue
+
+
 @pytest.mark.parametrize("drafter_kind", ["self", "two_model"])
 def test_speculative_sampling_matches_the_full_models_distribution(drafter_kind):
     """Chi-square goodness of fit of (token 2, token 3), both decided inside one speculative step, against
@@ -160,11 +173,41 @@ def test_speculative_sampling_matches_the_full_models_distribution(drafter_kind)
         drafted, accepted = drafted + result.drafted, accepted + result.accepted
     assert set(counts) <= set(exact)
     assert 0.1 < accepted / drafted < 0.9  # both acceptance and rejection are exercised
-    keys = sorted(exact, key=exact.get, reverse=True)
-    big = [k for k in keys if exact[k] * n >= 5]
-    observed = [counts.get(k, 0) for k in big] + [n - sum(counts.get(k, 0) for k in big)]
-    expected = [exact[k] * n for k in big] + [n * (1 - sum(exact[k] for k in big))]
-    observed, expected = observed[:-1], expected[:-1] if expected[-1] < 5 else expected
-    if len(observed) < len(expected):
-        observed.append(n - sum(observed))
-    assert chisquare(observed, [e * sum(observed) / sum(expected) for e in expected]).pvalue > 0.001
+    assert chi_square_pvalue(counts, exact) > 0.001
+
+
+def test_reduced_draft_vocabulary_keeps_greedy_output(tiny, prompt, tokenizer):
+    from selfspec.models.draft_head import make_draft_head
+
+    plain = generate(tiny, prompt, GREEDY).new_tokens
+    head = make_draft_head(tiny, tokenizer, 64)
+    assert len(head.token_ids) == 64
+    for skip in ([], [2]):
+        result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, make_skip_set(skip, [], 6), head), DraftExit(4))
+        assert result.new_tokens == plain and result.drafted > 0
+
+
+def test_speculative_sampling_with_a_reduced_draft_vocabulary_is_exact():
+    """The draft can propose only 40 of 259 tokens; the residual must supply the rest."""
+    from selfspec.models.draft_head import make_draft_head
+    from selfspec.models.tiny import byte_tokenizer
+
+    model = tiny_model("llama", num_layers=2, hidden_size=32, seed=3, init_std=0.3).double()
+    settings = SamplingSettings(temperature=1.0, top_k=3, max_new_tokens=3)
+    head = make_draft_head(model, byte_tokenizer(), 40)
+    drafter = SelfDrafter(model, make_skip_set([], [], 2), head)
+    exact = exact_pair_distribution(model, [5, 40, 77], settings)
+    gen = torch.Generator().manual_seed(1)
+    n, counts = 3000, {}
+    for _ in range(n):
+        key = tuple(generate(model, [5, 40, 77], settings, drafter, DraftExit(2), generator=gen).new_tokens[1:3])
+        counts[key] = counts.get(key, 0) + 1
+    assert set(counts) <= set(exact)
+    assert chi_square_pvalue(counts, exact) > 0.001
+
+
+def test_bad_draft_vocabulary_size(tiny, tokenizer):
+    from selfspec.models.draft_head import make_draft_head
+
+    with pytest.raises(SelfspecError, match=r"draft.vocab_size=0 is outside 1..259"):
+        make_draft_head(tiny, tokenizer, 0)

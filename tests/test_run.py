@@ -45,6 +45,15 @@ def test_run_writes_records_summary_and_table(tmp_path, model):
     assert (tmp_path / "summary.md").exists()
 
 
+def test_run_with_hf_baselines_records_peak_memory(tmp_path):
+    run_py(tmp_path, "model=tiny_llama", "model.dtype=float64", "logger=none", "data=chat", "draft_model=tiny_llama",
+           "strategies=[plain,self_spec,hf_generate,hf_prompt_lookup,hf_early_exit,hf_assistant]", "hf.early_exit_layer=3")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert list(summary) == ["plain", "self_spec", "hf_generate", "hf_prompt_lookup", "hf_early_exit", "hf_assistant"]
+    assert all(row["outputs_match_plain"] == 1.0 and row["peak_mem_mb"] is not None for row in summary.values())
+    assert summary["hf_early_exit"]["acceptance_rate"] is not None
+
+
 def test_sampling_run_records_acceptance(tmp_path):
     run_py(tmp_path, "model=tiny_llama", "logger=none", "sampling=sample", "strategies=[plain,self_spec]")
     summary = json.loads((tmp_path / "summary.json").read_text())

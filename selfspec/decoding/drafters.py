@@ -11,7 +11,8 @@ import torch
 
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.sampling import SamplingSettings, logits_processor, sample, scores
-from selfspec.models.cache import RewindableCache, forward, new_cache
+from selfspec.models.cache import RewindableCache, forward, forward_hidden, new_cache
+from selfspec.models.draft_head import DraftHead
 from selfspec.models.skip import SkipSet, skipping
 
 
@@ -21,18 +22,20 @@ class Draft:
     probs: list[torch.Tensor] = field(default_factory=list)  # each (vocab,): q, for sampled verification
 
 
-def draft_loop(model, cache: RewindableCache, tokens: list[int], cached: int, max_tokens: int,
-               exit_policy: DraftExit, settings: SamplingSettings, generator, eos_token_id) -> Draft:
-    """Feed tokens[cached:] (not yet in `cache`), then draft up to `max_tokens` tokens one at a time.
+def draft_loop(next_logits, tokens: list[int], cached: int, max_tokens: int, exit_policy: DraftExit,
+               settings: SamplingSettings, generator, eos_token_id) -> Draft:
+    """Feed tokens[cached:] (not yet in the draft's cache), then draft up to `max_tokens` tokens one at a time.
 
-    Stops after a token whose top draft probability is below the policy's threshold, or after EOS.
+    `next_logits(ids, start) -> (vocab,)` runs the draft model on ids at positions start.. and returns the
+    logits of the last position. Stops after a token whose top draft probability is below the policy's
+    threshold, or after EOS.
     """
     processor = logits_processor(settings)
     context = list(tokens)
-    logits = forward(model, cache, context[cached:], cached, last_only=True)  # (1, vocab)
+    logits = next_logits(context[cached:], cached)  # (vocab,)
     draft = Draft()
     while True:
-        row = scores(logits, context, len(context), processor)[0]  # (vocab,)
+        row = scores(logits[None], context, len(context), processor)[0]  # (vocab,)
         probs = torch.softmax(row, dim=-1)
         token = int(row.argmax()) if settings.greedy else sample(probs, generator)
         draft.tokens.append(token)
@@ -42,22 +45,29 @@ def draft_loop(model, cache: RewindableCache, tokens: list[int], cached: int, ma
         confidence = float(probs.max())
         if (len(draft.tokens) == max_tokens or token == eos_token_id or exit_policy.should_stop(confidence)):
             return draft
-        logits = forward(model, cache, [token], len(context) - 1)
+        logits = next_logits([token], len(context) - 1)
 
 
 class SelfDrafter:
-    """The target model with `skip` sublayers left out, over the target's own cache."""
+    """The target model with `skip` sublayers left out, over the target's own cache; with a `head`, the
+    draft scores only that reduced vocabulary."""
 
-    def __init__(self, model, skip: SkipSet):
-        self.model, self.skip = model, skip
+    def __init__(self, model, skip: SkipSet, head: DraftHead | None = None):
+        self.model, self.skip, self.head = model, skip, head
 
     def start(self, prompt_len: int, max_len: int) -> None:
         pass
 
     def draft(self, cache, tokens, max_tokens, exit_policy, settings, generator, eos_token_id) -> Draft:
+        if self.head is None:
+            def next_logits(ids, start):
+                return forward(self.model, cache, ids, start, last_only=True)[-1]
+        else:
+            def next_logits(ids, start):
+                return self.head.logits(forward_hidden(self.model, cache, ids, start))
         with skipping(self.model, self.skip):
-            return draft_loop(self.model, cache, tokens, len(tokens) - 1, max_tokens, exit_policy,
-                              settings, generator, eos_token_id)
+            return draft_loop(next_logits, tokens, len(tokens) - 1, max_tokens, exit_policy, settings, generator,
+                              eos_token_id)
 
 
 class ModelDrafter:
@@ -73,8 +83,10 @@ class ModelDrafter:
 
     def draft(self, cache, tokens, max_tokens, exit_policy, settings, generator, eos_token_id) -> Draft:
         cached = _common_prefix(self.cached_tokens, tokens, limit=len(tokens) - 1)
-        draft = draft_loop(self.model, self.cache, tokens, cached, max_tokens, exit_policy,
-                           settings, generator, eos_token_id)
+        def next_logits(ids, start):
+            return forward(self.model, self.cache, ids, start, last_only=True)[-1]
+
+        draft = draft_loop(next_logits, tokens, cached, max_tokens, exit_policy, settings, generator, eos_token_id)
         self.cached_tokens = tokens + draft.tokens[:-1]
         return draft
 

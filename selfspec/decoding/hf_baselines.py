@@ -31,7 +31,7 @@ T = TypeVar("T")
 
 @dataclass
 class HFStrategy:
-    """`model.generate` with our settings; assisted when prompt_lookup_tokens, early_exit_layer or draft_model is set."""
+    """`model.generate` with our settings; assisted if prompt_lookup_tokens, early_exit_layer or draft_model is set."""
     name: str
     model: object
     settings: SamplingSettings
@@ -109,7 +109,8 @@ def make_hf_strategy(name: str, model, settings: SamplingSettings, eos_token_id,
             raise SelfspecError(f"early_exit_layer={layer} is outside 1..{layers} (the model's layers)")
         return HFStrategy(name, model, settings, eos_token_id, early_exit_layer=layer, **common)
     if draft_model is None:
-        raise SelfspecError("strategy hf_assistant needs a draft model: set draft_model=<option>, e.g. draft_model=smollm2")
+        raise SelfspecError("strategy hf_assistant needs a draft model: set draft_model=<option>, "
+                            "e.g. draft_model=smollm2")
     return HFStrategy(name, model, settings, eos_token_id, draft_model=draft_model, **common)
 
 
@@ -118,7 +119,7 @@ def measure_peak_memory(run: Callable[[], T], device: torch.device | str = "cpu"
 
     CUDA: `torch.cuda.max_memory_allocated` (tensors only). CPU: the process's peak RSS (Linux VmHWM, reset through
     /proc/self/clear_refs), after returning freed heap to the OS so reused memory counts as growth again; other
-    threads' allocations count too. None where neither is available (CPU off Linux).
+    threads' allocations count too. None where neither is available (CPU off Linux, or /proc not writable).
     """
     device = torch.device(device)
     if device.type == "cuda":
@@ -131,8 +132,11 @@ def measure_peak_memory(run: Callable[[], T], device: torch.device | str = "cpu"
     if not sys.platform.startswith("linux"):
         return run(), None
     _return_free_heap()
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")  # 5: reset the peak RSS to the current RSS
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # 5: reset the peak RSS to the current RSS
+    except OSError:
+        return run(), None
     before = _proc_status_kb("VmRSS")
     result = run()
     return result, (_proc_status_kb("VmHWM") - before) / 1024
@@ -165,8 +169,8 @@ def _recording_steps(model, steps: list[StepRecord], threshold: float):
         def timed_get_candidates(input_ids, **kw):
             t0 = time.perf_counter()
             candidate_ids, candidate_logits = get_candidates(input_ids, **kw)
-            last.update(drafted=candidate_ids.shape[1] - input_ids.shape[1], draft_s=time.perf_counter() - t0,
-                        t1=time.perf_counter())
+            t1 = time.perf_counter()
+            last.update(drafted=candidate_ids.shape[1] - input_ids.shape[1], draft_s=t1 - t0, t1=t1)
             return candidate_ids, candidate_logits
 
         def recorded_update(input_ids, scores, num_matches):
@@ -187,7 +191,8 @@ def _recording_steps(model, steps: list[StepRecord], threshold: float):
 
 @contextmanager
 def _assistant_settings(assistant, num_tokens: int, threshold: float):
-    """Draft length (constant schedule) and confidence threshold on the assistant's generation_config, restored after."""
+    """Draft length (constant schedule) and confidence threshold on the assistant's generation_config,
+    restored afterwards."""
     config = assistant.generation_config
     keys = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
     saved = {key: getattr(config, key, None) for key in keys}

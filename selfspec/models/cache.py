@@ -59,6 +59,17 @@ def new_cache(model, max_len: int) -> RewindableCache:
 
 
 @torch.inference_mode()
+def forward_hidden(model, cache: RewindableCache, input_ids: list[int], start: int) -> torch.Tensor:
+    """Like `forward` without the output layer: the final (normed) hidden state of the last position (hidden,)."""
+    cache.rewind(start)
+    device = model.device
+    ids = torch.tensor([input_ids], device=device)  # (1, q)
+    positions = torch.arange(start, start + len(input_ids), device=device)[None]  # (1, q)
+    out = model.model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True)
+    return out.last_hidden_state[0, -1]
+
+
+@torch.inference_mode()
 def forward(model, cache: RewindableCache, input_ids: list[int], start: int, last_only: bool = False) -> torch.Tensor:
     """Run `input_ids` at positions start.. over the cache; return logits (len(input_ids) or 1, vocab) in fp32."""
     if start + len(input_ids) > cache.max_len:

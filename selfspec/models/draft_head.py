@@ -1,0 +1,52 @@
+"""A reduced output layer for drafting: the draft scores only N token ids, the verifier all of them.
+
+Tokens outside the draft vocabulary get probability 0 in the draft; verification with the full model is
+unchanged, so greedy output and the sampled distribution stay the full model's (a draft token outside p's
+support is rejected, and the residual covers every token the draft cannot propose). It pays where the
+output layer is a large share of a step (Gemma-3-270M: a 262k-token vocabulary, ~45% of a step).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from selfspec.errors import SelfspecError
+
+
+@dataclass
+class DraftHead:
+    token_ids: torch.Tensor  # (n,) long, sorted
+    weight: torch.Tensor  # (n, hidden): those rows of the output layer
+    vocab_size: int
+    softcap: float | None = None
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(hidden,) final hidden state -> (vocab,) logits, -inf outside the draft vocabulary."""
+        scores = self.weight @ hidden  # (n,)
+        if self.softcap:
+            scores = torch.tanh(scores / self.softcap) * self.softcap
+        full = hidden.new_full((self.vocab_size,), float("-inf"))
+        full[self.token_ids] = scores
+        return full.float()
+
+
+def draft_vocabulary(tokenizer, size: int, vocab_size: int) -> torch.Tensor:
+    """The `size` draft token ids: special tokens, every single-character token, then the lowest ids
+    (BPE vocabularies list frequent merges first)."""
+    if not 0 < size <= vocab_size:
+        raise SelfspecError(f"draft.vocab_size={size} is outside 1..{vocab_size} (this model's vocabulary)")
+    pieces = tokenizer.convert_ids_to_tokens(list(range(min(vocab_size, len(tokenizer)))))
+    single = [i for i, piece in enumerate(pieces) if piece is not None and len(piece.lstrip("▁Ġ")) == 1]
+    chosen = dict.fromkeys([*tokenizer.all_special_ids, *single])
+    for i in range(vocab_size):
+        if len(chosen) >= size:
+            break
+        chosen.setdefault(i)
+    return torch.tensor(sorted(list(chosen)[:size]))
+
+
+def make_draft_head(model, tokenizer, size: int) -> DraftHead:
+    weight = model.get_output_embeddings().weight  # (vocab, hidden)
+    ids = draft_vocabulary(tokenizer, size, weight.shape[0]).to(weight.device)
+    softcap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
+    return DraftHead(ids, weight.detach()[ids].clone(), weight.shape[0], softcap)

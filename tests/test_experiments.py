@@ -1,0 +1,139 @@
+"""Experiment configs compose; tiny runs of every experiment write records that `make figures` turns into figures."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from selfspec import figures as figs
+from selfspec.models.skip import make_skip_set
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+sys.path.insert(0, str(ROOT / "experiments"))
+from random_skip_sets import random_skip_sets  # noqa: E402
+from sample_records import TEST_RUNS, run_experiments, slim  # noqa: E402
+
+SWEEPS = {"threshold_sweep", "skip_ratio", "sampling"}
+FIGURES = {
+    "threshold_sweep": ["threshold_sweep"],
+    "adaptive_trace": ["adaptive_trace", "adaptive_accepted"],
+    "skip_ratio": ["skip_ratio"],
+    "search_history": ["search_history", "search_pareto", "search_skip_mask"],
+    "strategies": ["strategies_speedup", "strategies_accepted"],
+    "sampling": ["sampling"],
+}
+
+
+def tiny_outputs(tmp_path_factory) -> Path:
+    """Every experiment run once on the tiny Llama (sample_records.TEST_RUNS), shared by the test modules."""
+    outputs = tmp_path_factory.getbasetemp() / "tiny_outputs"
+    if not (outputs / "finished").exists():
+        run_experiments(outputs, TEST_RUNS, jobs=2)
+        (outputs / "finished").touch()
+    return outputs
+
+
+@pytest.fixture(scope="session")
+def outputs(tmp_path_factory):
+    return tiny_outputs(tmp_path_factory)
+
+
+def compose_experiment(name, *overrides):
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        return compose("config", overrides=[f"experiment={name}", *overrides], return_hydra_config=True)
+
+
+def resolved(cfg) -> dict:
+    """The job's config as a run would write it to .hydra/config.yaml (no `hydra` key), resolved."""
+    return OmegaConf.to_container(OmegaConf.masked_copy(cfg, [key for key in cfg if key != "hydra"]), resolve=True)
+
+
+def test_every_experiment_has_a_config_figures_and_a_notebook():
+    assert sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")) == sorted([*figs.EXPERIMENTS, "bench"])
+    assert set(figs.FIGURE_GROUPS) == set(figs.EXPERIMENTS) == set(FIGURES) == set(TEST_RUNS)
+    for name in figs.EXPERIMENTS:
+        assert (ROOT / "notebooks" / f"{name}.py").is_file()
+
+
+@pytest.mark.parametrize("name", figs.EXPERIMENTS)
+def test_experiment_composes_and_writes_under_outputs_experiments(name):
+    cfg = compose_experiment(name)
+    resolved(cfg)  # every interpolation resolves (skip_ratio's table included)
+    for kind in ("run", "sweep"):
+        assert cfg.hydra[kind].dir.startswith(f"outputs/experiments/{name}/")
+    assert bool(cfg.hydra.sweeper.params) == (name in SWEEPS)
+    assert cfg.logger.kind == "none"
+
+
+def test_sweep_parameters_compose_one_by_one():
+    params = compose_experiment("threshold_sweep").hydra.sweeper.params
+    assert params.draft == "threshold,adaptive" and len(params["draft.threshold"].split(",")) == 11
+    cfg = compose_experiment("threshold_sweep", "draft=adaptive", "draft.threshold=0.3")
+    assert (cfg.draft.policy, cfg.draft.threshold) == ("adaptive", 0.3)
+    assert compose_experiment("sampling", "sampling=sample").sampling.temperature > 0
+    cfg = compose_experiment("skip_ratio", "model=gemma3_270m", "skip_set=p50b")
+    assert cfg.skip_num_layers == 18 and figs.skipped_fraction(resolved(cfg)) == 0.5
+    assert compose_experiment("search_history").search.n_trials == 40
+
+
+def test_experiments_set_their_strategies_and_warmup():
+    assert compose_experiment("strategies").strategies == ["plain", "self_spec_fixed", "self_spec_threshold",
+                                                            "self_spec_adaptive"]
+    assert compose_experiment("adaptive_trace").warmup is False
+
+
+def test_skip_ratio_sets_are_the_generated_ones_and_valid():
+    config = yaml.safe_load((CONF / "experiment" / "skip_ratio.yaml").read_text())
+    sweep = config["hydra"]["sweeper"]["params"]["skip_set"].split(",")
+    for model, table in config["random_skip_sets"].items():
+        layers = table.pop("layers")
+        assert table == random_skip_sets(layers), f"{model}: rerun experiments/random_skip_sets.py {model} {layers}"
+        assert sorted(table) == sorted(sweep)
+        for skip in table.values():
+            make_skip_set(skip["attn"], skip["mlp"], layers)
+    assert set(config["random_skip_sets"]) >= {p.stem for p in (CONF / "model").glob("*.yaml")}
+
+
+def test_threshold_sweep_and_adaptive_trace_records(outputs):
+    runs = figs.load_runs(figs.latest(outputs, "threshold_sweep"))
+    settings = figs.threshold_settings(runs)
+    assert sorted((s["policy"], s["threshold"]) for s in settings) == [
+        ("adaptive", 0.3), ("adaptive", 0.9), ("threshold", 0.3), ("threshold", 0.9)]
+    for run in runs:
+        assert {r["strategy"] for r in run.records} == {"plain", "self_spec"}
+        assert run.config["model"]["name"] == "tiny_llama" and run.config["data"]["limit"] == 2
+    (trace,) = figs.load_runs(figs.latest(outputs, "adaptive_trace"))
+    steps = [s for r in trace.records if r["strategy"] == "self_spec" for s in r["steps"]]
+    assert steps and all({"threshold", "drafted", "accepted"} <= set(s) for s in steps)
+    assert steps[0]["threshold"] == 0.8  # no warm-up moved it before the first recorded step
+    assert len({s["threshold"] for s in steps}) > 1  # the adaptive policy moved it
+
+
+def test_make_figures_writes_every_figure_of_the_tiny_runs(outputs, tmp_path, capsys):
+    out = tmp_path / "figures"
+    figs.main(["--outputs", str(outputs), "--out", str(out)])  # python -m selfspec.figures
+    lines = capsys.readouterr().out.splitlines()
+    for name, figures in FIGURES.items():
+        for figure in figures:
+            assert (out / f"{figure}.png").stat().st_size > 10_000 and (out / f"{figure}.pdf").is_file()
+            assert f"{out / figure}.{{png,pdf}} <- {figs.latest(outputs, name)}" in lines
+    assert len(lines) == sum(map(len, FIGURES.values()))
+
+
+def test_slimmed_records_still_make_every_figure(outputs, tmp_path):
+    slim(outputs, tmp_path)
+    size = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
+    assert size < 200_000
+    for name, make in figs.FIGURE_GROUPS.items():
+        assert sorted(make(figs.latest(tmp_path, name))) == sorted(FIGURES[name])
+
+
+def test_shipped_sample_records_make_every_figure_and_stay_small():
+    size = sum(p.stat().st_size for p in figs.SAMPLE_RECORDS.rglob("*") if p.is_file())
+    assert size < 200_000, f"notebooks/sample_records is {size} bytes"
+    for name, make in figs.FIGURE_GROUPS.items():
+        assert sorted(make(figs.latest(figs.SAMPLE_RECORDS, name))) == sorted(FIGURES[name])

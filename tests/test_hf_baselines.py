@@ -1,0 +1,128 @@
+"""HF generate baselines: greedy equals our plain decoding, honest step records, seeded sampling, memory probe."""
+
+import copy
+
+import pytest
+import torch
+
+from selfspec.data import encode_prompt, load_prompts
+from selfspec.decoding.hf_baselines import HF_STRATEGIES, make_hf_strategy, measure_peak_memory
+from selfspec.decoding.sampling import SamplingSettings
+from selfspec.decoding.strategies import Strategy, make_strategy
+from selfspec.errors import SelfspecError
+from selfspec.models.loading import load_model
+from selfspec.models.skip import make_skip_set
+from selfspec.models.tiny import tiny_model
+
+GREEDY = SamplingSettings(max_new_tokens=40)
+SAMPLE = SamplingSettings(temperature=0.8, top_k=50, top_p=0.95, max_new_tokens=30)
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_model("llama", num_layers=6).double()
+
+
+@pytest.fixture(scope="module")
+def draft():
+    """A second tiny model on the same byte vocabulary."""
+    return tiny_model("llama", num_layers=2, seed=1).double()
+
+
+def strategies(model, settings, draft, eos=None, **kwargs):
+    return [make_hf_strategy(name, model, settings, eos, draft_model=draft, **kwargs) for name in HF_STRATEGIES]
+
+
+def test_greedy_outputs_equal_plain_and_steps_add_up(tiny, draft, prompt):
+    """Llama and Gemma-2 (16-token sliding window, crossed here) in float64."""
+    plain = Strategy("plain", tiny, GREEDY, None).generate(prompt)
+    for strategy in strategies(tiny, GREEDY, draft):
+        result = strategy.generate(prompt)
+        assert result.new_tokens == plain.new_tokens, strategy.name
+        assert all(s.accepted <= s.drafted for s in result.steps)
+        if strategy.name == "hf_generate":  # one forward per token after the prefill, like our plain loop
+            assert len(result.steps) == 39 and result.drafted == 0 and result.prefill_s > 0
+        else:  # assisted: the prefill is the first verify forward, every token comes from a step
+            assert sum(s.emitted for s in result.steps) == 40 and result.drafted > 0
+
+
+def test_early_exit_reads_draft_length_from_generation_config(llama, prompt):
+    for k in (1, 3):  # fixed-length drafts (threshold 0): k tokens per step
+        result = make_hf_strategy("hf_early_exit", llama, GREEDY, None, early_exit_layer=3, num_assistant_tokens=k,
+                                  confidence_threshold=0).generate(prompt)
+        produced = [sum(s.emitted for s in result.steps[:i]) for i in range(len(result.steps))]
+        assert [s.drafted for s in result.steps] == [min(k, 40 - n - 1) for n in produced]  # HF caps at the length
+    # all layers: the draft is the full model, so every draft is accepted
+    full = make_hf_strategy("hf_early_exit", llama, GREEDY, None, early_exit_layer=6, num_assistant_tokens=4,
+                            confidence_threshold=0).generate(prompt)
+    assert full.accepted == full.drafted > 0 and full.new_tokens == Strategy("plain", llama, GREEDY, None).generate(
+        prompt).new_tokens
+
+
+def test_generation_configs_are_restored(llama, draft, prompt):
+    llama.generation_config.num_assistant_tokens = 17
+    before = (llama.generation_config.to_dict(), draft.generation_config.to_dict())
+    for strategy in strategies(llama, GREEDY, draft):
+        strategy.generate(prompt)
+    assert (llama.generation_config.to_dict(), draft.generation_config.to_dict()) == before
+    assert not hasattr(llama, "__dict__") or "_get_candidate_generator" not in llama.__dict__
+    llama.generation_config.num_assistant_tokens = None
+
+
+def test_eos_stops_every_strategy_where_plain_stops(tiny, draft, prompt):
+    full = Strategy("plain", tiny, GREEDY, None).generate(prompt).new_tokens
+    eos = full[25]
+    expected = full[: full.index(eos) + 1]
+    assert Strategy("plain", tiny, GREEDY, eos).generate(prompt).new_tokens == expected
+    for strategy in strategies(tiny, GREEDY, draft, eos):
+        assert strategy.generate(prompt).new_tokens == expected, strategy.name
+
+
+def test_sampling_is_reproducible_and_leaves_the_global_rng_alone(llama, draft, prompt):
+    for strategy in strategies(llama, SAMPLE, draft):
+        state = torch.get_rng_state()
+        first = strategy.generate(prompt, torch.Generator().manual_seed(3)).new_tokens
+        again = strategy.generate(prompt, torch.Generator().manual_seed(3)).new_tokens
+        other = strategy.generate(prompt, torch.Generator().manual_seed(4)).new_tokens
+        assert torch.equal(torch.get_rng_state(), state)
+        assert len(first) == 30 and first == again and first != other, strategy.name
+
+
+def test_bad_names_and_settings_raise(llama):
+    with pytest.raises(SelfspecError, match="hf_generate, hf_prompt_lookup, hf_early_exit, hf_assistant"):
+        make_hf_strategy("hf_beam", llama, GREEDY, None)
+    with pytest.raises(SelfspecError, match="draft model"):
+        make_hf_strategy("hf_assistant", llama, GREEDY, None)
+    with pytest.raises(SelfspecError, match="outside 1..6"):
+        make_hf_strategy("hf_early_exit", llama, GREEDY, None, early_exit_layer=7)
+    assert make_hf_strategy("hf_early_exit", llama, GREEDY, None).early_exit_layer == 4  # 3/4 of 6 layers
+
+
+def test_self_speculation_holds_no_second_copy_of_the_weights(tokenizer):
+    model = tiny_model("llama", num_layers=4, hidden_size=512)  # ~39 MB of float32 weights
+    weights_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+    ids = tokenizer("def fibonacci(n):\n    ").input_ids
+    settings = SamplingSettings(max_new_tokens=24)
+    self_spec = make_strategy("self_spec_fixed", model, settings, None, make_skip_set([1], [2], 4),
+                              {"policy": "fixed", "max_tokens": 4})
+    self_spec.generate(ids)  # warm-up: lazy allocations that later runs reuse
+    result, grown_mb = measure_peak_memory(lambda: self_spec.generate(ids))
+    assert len(result.new_tokens) == 24 and grown_mb < 0.25 * weights_mb
+    copied, copy_mb = measure_peak_memory(lambda: copy.deepcopy(model))  # the control: a copy shows up
+    assert copy_mb > 0.9 * weights_mb
+    del copied
+
+
+@pytest.mark.slow
+def test_smollm2_early_exit_drafts_and_matches_plain():
+    loaded = load_model({"name": "smollm2", "source": "smollm2"})
+    model, eos = loaded.model, loaded.tokenizer.eos_token_id
+    ids = encode_prompt(loaded.tokenizer, load_prompts("humaneval", limit=1)[0])
+    settings = SamplingSettings(max_new_tokens=24)
+    plain = Strategy("plain", model, settings, eos).generate(ids).new_tokens
+    for k in (1, 3):
+        result = make_hf_strategy("hf_early_exit", model, settings, eos, early_exit_layer=28, num_assistant_tokens=k,
+                                  confidence_threshold=0).generate(ids)
+        assert result.new_tokens == plain
+        assert max(s.drafted for s in result.steps) == k and 0 < result.accepted < result.drafted
+    assert make_hf_strategy("hf_generate", model, settings, eos).generate(ids).new_tokens == plain

@@ -1,0 +1,255 @@
+"""Skip-set search: short studies on the tiny models, resume after SIGKILL, parallel workers, bad settings."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+import torch
+import yaml
+from hydra import compose, initialize_config_dir
+from optuna.trial import TrialState
+
+from selfspec.app import run
+from selfspec.data import encode_prompt, load_prompts
+from selfspec.decoding.drafters import SelfDrafter
+from selfspec.decoding.sampling import SamplingSettings
+from selfspec.decoding.speculative import generate
+from selfspec.decoding.strategies import make_exit_policy
+from selfspec.errors import SelfspecError
+from selfspec.models.loading import load_model
+from selfspec.models.skip import SkipSet, num_layers
+from selfspec.models.skip_config import skip_from_config
+from selfspec.search import (SearchSpace, choose_best, expected_speedup, fail_dead_trials, open_storage, open_study,
+                             search_prompts, search_space, seed_skip_sets)
+
+ROOT = Path(__file__).resolve().parents[1]
+# Small and fast: 1 evaluation prompt x 8 tokens after the search; 4 search prompts (chat 1..4) x 12 tokens.
+TINY = ["search=optuna", "logger=none", "data=chat", "data.limit=1", "sampling.max_new_tokens=8", "warmup=false",
+        "search.data.limit=4", "search.max_new_tokens=12"]
+# One torch thread: on a shared 2-core machine two threads wait on each other for every small matmul.
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def config(*overrides):
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return compose("config", overrides=[*TINY, *overrides])
+
+
+def run_py(*overrides, **kwargs):
+    return subprocess.Popen([sys.executable, "run.py", *TINY, *overrides], cwd=ROOT, env=ENV, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
+
+
+def journal_study(path: Path, name: str):
+    storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def mean_accepted_tokens(cfg, skip: SkipSet) -> float:
+    """Emitted tokens per verification on the search prompts (chat 1..4), recomputed from scratch."""
+    loaded = load_model(cfg.model)
+    settings = SamplingSettings(**{**cfg.sampling, "max_new_tokens": cfg.search.max_new_tokens})
+    policy = make_exit_policy(cfg.draft, settings.greedy)  # one policy over all prompts, as in a trial
+    emitted = steps = 0
+    for prompt in load_prompts("chat")[1:5]:
+        result = generate(loaded.model, encode_prompt(loaded.tokenizer, prompt), settings,
+                          SelfDrafter(loaded.model, skip), policy, loaded.tokenizer.eos_token_id)
+        emitted += sum(s.emitted for s in result.steps)
+        steps += len(result.steps)
+    return emitted / steps
+
+
+@pytest.mark.parametrize("model, objective, sampler", [("tiny_llama", "tokens_per_s", "tpe"),
+                                                       ("tiny_gemma2", "acceptance", "gp")])
+def test_short_study_writes_a_loadable_skip_set_that_reproduces_its_acceptance(tmp_path, model, objective, sampler):
+    cfg = config(f"model={model}", "model.dtype=float64", "search.n_trials=4", f"search.objective={objective}",
+                 f"search.sampler={sampler}", "search.n_startup_trials=2")
+    summary = run(cfg, tmp_path)
+
+    assert (tmp_path / "optuna_journal.log").is_file()
+    trials = read_jsonl(tmp_path / "trials.jsonl")
+    assert [t["number"] for t in trials] == [0, 1, 2, 3]
+    assert [t["attn"] for t in trials[:2]] == [[3, 5], [3, 5]]  # the enqueued seeds: conf/skip/<model>.yaml, upper half
+    best = yaml.safe_load((tmp_path / "best_skip.yaml").read_text())
+    record = trials[best["metrics"]["trial"]]
+    assert record["state"] == "COMPLETE"
+    assert best["metrics"]["values"] == record["values"]
+
+    skip = skip_from_config(config(f"model={model}", "skip=file", f"skip.path={tmp_path / 'best_skip.yaml'}").skip, 6)
+    assert skip == SkipSet(tuple(record["attn"]), tuple(record["mlp"]))
+    assert mean_accepted_tokens(cfg, skip) == pytest.approx(best["metrics"]["mean_accepted_tokens"], rel=1e-12)
+    assert summary["self_spec"]["outputs_match_plain"] == 1.0
+
+
+def test_pareto_study_picks_the_front_trial_with_the_highest_expected_speedup(tmp_path):
+    cfg = config("model=tiny_llama", "search.n_trials=6", "search.objective=pareto", "search.sampler=random",
+                 "search.max_skip_fraction=0.7", "logger=wandb", "logger.mode=disabled")
+    run(cfg, tmp_path)
+
+    study = journal_study(tmp_path / "optuna_journal.log", "tiny_llama-pareto")
+    best = yaml.safe_load((tmp_path / "best_skip.yaml").read_text())["metrics"]
+    front = {t.number: t.user_attrs["metrics"]["expected_speedup"] for t in study.best_trials}
+    assert best["trial"] in front
+    assert best["expected_speedup"] == max(front.values())
+    assert best["values"] == [best["skipped_fraction"], best["mean_accepted_tokens"]]
+
+
+def test_choose_best_for_pareto_ranks_the_front_by_expected_speedup():
+    study = optuna.create_study(directions=["maximize", "maximize"])
+    dist = {"x": optuna.distributions.FloatDistribution(0, 1)}
+    for values, speedup in (([0.1, 2.0], 1.1), ([0.3, 1.8], 1.4), ([0.2, 1.5], 9.0), ([0.5, 1.2], 1.0)):
+        study.add_trial(optuna.trial.create_trial(params={"x": 0.5}, distributions=dist, values=values,
+                                                  user_attrs={"metrics": {"expected_speedup": speedup}}))
+    assert choose_best(study, "pareto").number == 1  # trial 2 has the highest proxy but is dominated by trial 1
+
+
+def test_expected_speedup():
+    assert expected_speedup(1.0, 0.0, 0.0) == 1.0  # plain decoding
+    assert expected_speedup(3.0, 4.0, 0.5) == 1.0  # 3 tokens for 1 + 4 * 0.5 forwards
+    assert expected_speedup(3.0, 4.0, 0.75) == 1.5
+
+
+def test_search_space_checks_and_degenerate_sets():
+    space = search_space({"layer_range": [2, 6], "max_skip_fraction": 0.5}, 6)
+    assert (space.lo, space.hi) == (2, 6)
+    assert space.reject_reason(SkipSet()) == "nothing skipped"
+    assert "max_skip_fraction" in space.reject_reason(SkipSet((2, 3, 4, 5), (2, 3, 4)))
+    assert space.reject_reason(SkipSet((3,), (4,))) is None
+    assert SearchSpace(2, 0, 2).reject_reason(SkipSet((0, 1), (0, 1))) == "everything skipped"
+    assert "min_skip_fraction" in search_space({"min_skip_fraction": 0.5}, 6).reject_reason(SkipSet((3,), ()))
+    for bad in ({"layer_range": [4, 4]}, {"layer_range": [0, 7]}, {"layer_range": [1]}, {"max_skip_fraction": 1.5},
+                {"max_skip_fraction": -0.1}, {"max_skip_fraction": 0.0},
+                {"min_skip_fraction": 0.6, "max_skip_fraction": 0.4}):
+        with pytest.raises(SelfspecError):
+            search_space(bad, 6)
+
+
+def test_search_prompts_follow_the_evaluation_prompts(capsys):
+    eval_data = {"name": "chat", "path": None, "limit": 10}
+    chat = [p.question_id for p in load_prompts("chat")]
+    assert [p.question_id for p in search_prompts({"name": "chat", "offset": 10, "limit": 3}, eval_data)] == chat[10:13]
+    assert "warning" not in capsys.readouterr().out
+    search_prompts({"name": "chat", "offset": 8, "limit": 4}, eval_data)
+    assert "2 search prompts are also evaluation prompts" in capsys.readouterr().out
+    with pytest.raises(SelfspecError, match="leaves no prompts"):
+        search_prompts({"name": "chat", "offset": 40, "limit": 4})
+
+
+def test_seed_skip_sets_follow_the_upper_half_and_the_layer_range():
+    assert seed_skip_sets(SearchSpace(32, 0, 32)) == [SkipSet(tuple(range(17, 30, 2)), tuple(range(17, 30, 2)))]
+    assert seed_skip_sets(SearchSpace(6, 0, 6), SkipSet((3, 5), (4,))) == [SkipSet((3, 5), (4,)),
+                                                                          SkipSet((3, 5), (3, 5))]
+    assert seed_skip_sets(SearchSpace(6, 4, 6), SkipSet((3, 5), (4,))) == [SkipSet((5,), (4,)), SkipSet((5,), (5,))]
+    assert seed_skip_sets(SearchSpace(6, 0, 6, max_fraction=0.1)) == []  # 4 of 12 sublayers is over the bound
+
+
+def test_fail_dead_trials_marks_only_trials_of_dead_local_workers(tmp_path):
+    storage, _ = open_storage(None, tmp_path)
+    study = open_study(storage, "journal", "s", "acceptance", "tiny", 6, optuna.pruners.NopPruner())
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    host = socket.gethostname()
+    for worker in (f"{host}:{dead.pid}", f"{host}:{os.getpid()}", f"elsewhere:{dead.pid}", None):
+        trial = study.ask()
+        if worker:
+            trial.set_user_attr("worker", worker)
+    assert fail_dead_trials(study) == 1
+    assert [t.state for t in study.trials] == [TrialState.FAIL] + [TrialState.RUNNING] * 3
+
+
+def test_a_study_is_tied_to_its_model(tmp_path):
+    storage, _ = open_storage(str(tmp_path / "j.log"), tmp_path)
+    open_study(storage, "j.log", "s", "acceptance", "tiny_llama", 6, None)
+    with pytest.raises(SelfspecError, match="num_layers"):
+        open_study(storage, "j.log", "s", "acceptance", "tiny_llama", 8, None)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("search.objective=speed", "search.objective='speed' is unknown"),
+    ("search.sampler=cmaes", "search.sampler='cmaes' is unknown"),
+    ("search.max_skip_fraction=1.5", "search.max_skip_fraction=1.5 is outside [0, 1]"),
+    ("search.storage=sqlite:////no/such/dir/study.db", "cannot be opened"),
+    ("search.storage=/no/such/dir/journal.log", "cannot be opened"),
+    ("search.layer_range=[3,9]", "search.layer_range=[3, 9] is not allowed"),
+])
+def test_bad_search_settings_raise_one_line_errors(tmp_path, override, message):
+    with pytest.raises(SelfspecError) as error:
+        run(config("model=tiny_llama", override), tmp_path)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_run_py_reports_bad_search_settings_in_one_line(tmp_path):
+    proc = run_py("model=tiny_llama", "search.objective=speed", f"hydra.run.dir={tmp_path}")
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 2
+    assert stderr.strip().splitlines()[-1].startswith("selfspec: error: search.objective='speed' is unknown")
+
+
+def test_a_killed_study_resumes_with_its_finished_trials(tmp_path):
+    command = ["model=tiny_llama", "search.n_trials=16", f"hydra.run.dir={tmp_path}"]
+    first = run_py(*command)
+    deadline = time.monotonic() + 90
+    while not ((tmp_path / "trials.jsonl").is_file() and len(read_jsonl(tmp_path / "trials.jsonl")) >= 3):
+        assert first.poll() is None and time.monotonic() < deadline, "the search ended or stalled before 3 trials"
+        time.sleep(0.02)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    before = journal_study(tmp_path / "optuna_journal.log", "tiny_llama-tokens_per_s").trials
+    finished = {t.number: t.params for t in before if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}
+    killed = [t.number for t in before if t.state == TrialState.RUNNING and "worker" in t.user_attrs]
+    assert 3 <= len(finished) < 16
+
+    second = run_py(*command)
+    stdout, stderr = second.communicate(timeout=120)
+    assert second.returncode == 0, stderr[-2000:]
+    after = journal_study(tmp_path / "optuna_journal.log", "tiny_llama-tokens_per_s").trials
+    assert [t.number for t in after] == list(range(len(after)))
+    assert all(after[n].params == params and after[n].state in (TrialState.COMPLETE, TrialState.PRUNED)
+               for n, params in finished.items())
+    assert sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in after) == 16
+    assert all(after[n].state == TrialState.FAIL for n in killed)  # killed inside the objective
+    assert all(not t.params for t in after if t.state == TrialState.RUNNING)  # killed while sampling: ignored
+    assert len(read_jsonl(tmp_path / "trials.jsonl")) >= 16  # both runs appended
+    assert (tmp_path / "best_skip.yaml").is_file()
+
+
+def test_two_workers_share_one_journal_study(tmp_path):
+    journal = tmp_path / "shared.log"
+    workers = [run_py("model=tiny_llama", "search.n_trials=10", f"search.storage={journal}", "search.study_name=shared",
+                      f"search.seed={i}", f"hydra.run.dir={tmp_path / str(i)}") for i in (0, 1)]
+    for worker in workers:
+        _, stderr = worker.communicate(timeout=150)
+        assert worker.returncode == 0, stderr[-2000:]
+
+    trials = journal_study(journal, "shared").trials
+    finished = [t.number for t in trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert [t.number for t in trials] == list(range(len(trials)))
+    assert 10 <= len(finished) <= 11  # MaxTrialsCallback stops both; one trial in flight may overshoot
+    assert not [t for t in trials if t.state == TrialState.RUNNING]
+    records = [r for i in (0, 1) for r in read_jsonl(tmp_path / str(i) / "trials.jsonl")]
+    assert sorted(r["number"] for r in records) == finished  # every trial ran in exactly one worker
+    by_number = {r["number"]: r for r in records}
+    for r in records:
+        if len(r["attn"]) + len(r["mlp"]) > 6:  # over max_skip_fraction 0.5 of 12 sublayers: pruned unscored
+            assert r["state"] == "PRUNED" and "max_skip_fraction" in r["pruned"] and r["metrics"] is None
+        if r["duplicate_of"] is not None and r["state"] == "COMPLETE":  # a repeated skip set reuses its values
+            assert r["values"] == by_number[r["duplicate_of"]]["values"]
