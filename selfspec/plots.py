@@ -56,6 +56,22 @@ def check_records(records, what: str = "records") -> list[dict]:
     return records
 
 
+def _unit_runs(items, key: str, extra: tuple, strategy: str, what: str, noun: str) -> list[tuple]:
+    """Check {key, *extra, records} dicts whose `key` lies in [0, 1]; return (value, records, item) each."""
+    fields = (*extra, key, "records")
+    checked = []
+    for index, item in enumerate(items):
+        if not isinstance(item, dict) or any(k not in item for k in fields):
+            raise SelfspecError(f"{what}: {noun} {index} is not a {{{', '.join(fields)}}} dict")
+        value = _number(item[key], f"{what}: {noun} {index} {key}")
+        if not 0 <= value <= 1:
+            raise SelfspecError(f"{what}: {noun} {index} has {key} {value} outside [0, 1]")
+        records = check_records(item["records"], f"{what}: {noun} {index}")
+        _of_strategy(records, strategy, f"{what}: {noun} {index}")
+        checked.append((value, records, item))
+    return checked
+
+
 def _of_strategy(records: list[dict], strategy: str, what: str) -> list[dict]:
     mine = [r for r in records if r["strategy"] == strategy]
     if not mine:
@@ -178,14 +194,7 @@ def plot_threshold_sweep(settings: list[dict], *, strategy: str = "self_spec", m
     what = "threshold sweep"
     _nonempty_list(settings, what, "{policy, threshold, records} dicts, one per run")
     by_policy: dict[str, list] = {}
-    for index, setting in enumerate(settings):
-        if not isinstance(setting, dict) or any(k not in setting for k in ("policy", "threshold", "records")):
-            raise SelfspecError(f"{what}: setting {index} is not a {{policy, threshold, records}} dict")
-        threshold = _number(setting["threshold"], f"{what}: setting {index} threshold")
-        if not 0 <= threshold <= 1:
-            raise SelfspecError(f"{what}: setting {index} has threshold {threshold} outside [0, 1]")
-        records = check_records(setting["records"], f"{what}: setting {index}")
-        _of_strategy(records, strategy, f"{what}: setting {index}")
+    for threshold, records, setting in _unit_runs(settings, "threshold", ("policy",), strategy, what, "setting"):
         by_policy.setdefault(str(setting["policy"]), []).append((threshold, records))
 
     metrics = ("acceptance_rate", "mean_accepted_tokens", "speedup")
@@ -322,16 +331,8 @@ def plot_skip_ratio(runs: list[dict], *, strategy: str = "self_spec", model: str
     """
     what = "skip ratio"
     _nonempty_list(runs, what, "{skipped_fraction, records} dicts, one per run")
-    points = []
-    for index, run in enumerate(runs):
-        if not isinstance(run, dict) or "skipped_fraction" not in run or "records" not in run:
-            raise SelfspecError(f"{what}: run {index} is not a {{skipped_fraction, records}} dict")
-        fraction = _number(run["skipped_fraction"], f"{what}: run {index} skipped_fraction")
-        if not 0 <= fraction <= 1:
-            raise SelfspecError(f"{what}: run {index} has skipped_fraction {fraction} outside [0, 1]")
-        records = check_records(run["records"], f"{what}: run {index}")
-        _of_strategy(records, strategy, f"{what}: run {index}")
-        points.append((fraction, records))
+    points = [(fraction, records) for fraction, records, _ in
+              _unit_runs(runs, "skipped_fraction", (), strategy, what, "run")]
     points.sort(key=lambda p: p[0])
 
     metrics = ("acceptance_rate", "mean_accepted_tokens", "speedup")
