@@ -6,6 +6,7 @@ support is rejected, and the residual covers every token the draft cannot propos
 output layer is a large share of a step (Gemma-3-270M: a 262k-token vocabulary, ~45% of a step).
 """
 
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -31,18 +32,29 @@ class DraftHead:
 
 
 def draft_vocabulary(tokenizer, size: int, vocab_size: int) -> torch.Tensor:
-    """The `size` draft token ids: special tokens, every single-character token, then the lowest ids
-    (BPE vocabularies list frequent merges first)."""
+    """The `size` draft token ids: special tokens, single ASCII characters, then the tokens most frequent in
+    calibration text (code and prose), then the lowest ids."""
     if not 0 < size <= vocab_size:
         raise SelfspecError(f"draft.vocab_size={size} is outside 1..{vocab_size} (this model's vocabulary)")
     pieces = tokenizer.convert_ids_to_tokens(list(range(min(vocab_size, len(tokenizer)))))
-    single = [i for i, piece in enumerate(pieces) if piece is not None and len(piece.lstrip("▁Ġ")) == 1]
-    chosen = dict.fromkeys([*tokenizer.all_special_ids, *single])
+    ascii_chars = [i for i, piece in enumerate(pieces)
+                   if piece is not None and len(piece.lstrip("▁Ġ")) == 1 and piece.lstrip("▁Ġ").isascii()]
+    counts = Counter(t for text in calibration_texts() for t in tokenizer(text, add_special_tokens=False).input_ids)
+    chosen = dict.fromkeys([*tokenizer.all_special_ids, *ascii_chars, *(t for t, _ in counts.most_common())])
     for i in range(vocab_size):
         if len(chosen) >= size:
             break
         chosen.setdefault(i)
-    return torch.tensor(sorted(list(chosen)[:size]))
+    return torch.tensor(sorted(t for t in list(chosen)[:size] if t < vocab_size))
+
+
+def calibration_texts() -> list[str]:
+    """The second half of each shipped prompt set (with HumanEval's solutions); evaluations and searches
+    read the first prompts of a set, so the draft vocabulary is not fitted on the prompts it is measured on."""
+    from selfspec.data import load_prompts
+
+    sets = [load_prompts(name) for name in ("humaneval", "chat", "summarize")]
+    return [p.turns[0] + (p.reference or "") for prompts in sets for p in prompts[len(prompts) // 2:]]
 
 
 def make_draft_head(model, tokenizer, size: int) -> DraftHead:
