@@ -58,26 +58,25 @@ def new_cache(model, max_len: int) -> RewindableCache:
     return RewindableCache(model.config.get_text_config().num_hidden_layers, max_len)
 
 
-@torch.inference_mode()
-def forward_hidden(model, cache: RewindableCache, input_ids: list[int], start: int) -> torch.Tensor:
-    """Like `forward` without the output layer: the final (normed) hidden state of the last position (hidden,)."""
-    cache.rewind(start)
-    device = model.device
-    ids = torch.tensor([input_ids], device=device)  # (1, q)
-    positions = torch.arange(start, start + len(input_ids), device=device)[None]  # (1, q)
-    out = model.model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True)
-    return out.last_hidden_state[0, -1]
-
-
-@torch.inference_mode()
-def forward(model, cache: RewindableCache, input_ids: list[int], start: int, last_only: bool = False) -> torch.Tensor:
-    """Run `input_ids` at positions start.. over the cache; return logits (len(input_ids) or 1, vocab) in fp32."""
+def _inputs(model, cache: RewindableCache, input_ids: list[int], start: int) -> dict:
+    """Rewind the cache to `start` and build the model inputs for positions start.."""
     if start + len(input_ids) > cache.max_len:
         raise RuntimeError(f"cache holds {cache.max_len} positions, asked to write up to {start + len(input_ids)}")
     cache.rewind(start)
     device = model.device
     ids = torch.tensor([input_ids], device=device)  # (1, q)
     positions = torch.arange(start, start + len(input_ids), device=device)[None]  # (1, q)
-    out = model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True,
-                logits_to_keep=1 if last_only else 0)
+    return dict(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True)
+
+
+@torch.inference_mode()
+def forward_hidden(model, cache: RewindableCache, input_ids: list[int], start: int) -> torch.Tensor:
+    """Like `forward` without the output layer: the final (normed) hidden state of the last position (hidden,)."""
+    return model.model(**_inputs(model, cache, input_ids, start)).last_hidden_state[0, -1]
+
+
+@torch.inference_mode()
+def forward(model, cache: RewindableCache, input_ids: list[int], start: int, last_only: bool = False) -> torch.Tensor:
+    """Run `input_ids` at positions start.. over the cache; return logits (len(input_ids) or 1, vocab) in fp32."""
+    out = model(**_inputs(model, cache, input_ids, start), logits_to_keep=1 if last_only else 0)
     return out.logits[0].float()  # (q, vocab)

@@ -61,4 +61,4 @@ def make_draft_head(model, tokenizer, size: int) -> DraftHead:
     weight = model.get_output_embeddings().weight  # (vocab, hidden)
     ids = draft_vocabulary(tokenizer, size, weight.shape[0]).to(weight.device)
     softcap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
-    return DraftHead(ids, weight.detach()[ids].clone(), weight.shape[0], softcap)
+    return DraftHead(ids, weight.detach()[ids], weight.shape[0], softcap)
