@@ -41,7 +41,7 @@ def evaluate(strategies: list[Strategy], prompts: list[Prompt], prompt_ids: list
                 acceptance_rate=result.acceptance_rate, mean_accepted_tokens=result.mean_accepted_tokens,
                 speedup=result.tokens_per_s / plain.tokens_per_s if plain else None,
                 matches_plain=result.new_tokens == plain.new_tokens if plain else None,
-                peak_mem_mb=max(peaks) if peaks else None,
+                gated_steps=result.gated_steps, peak_mem_mb=max(peaks) if peaks else None,
                 output_ids=result.new_tokens, output_text=tokenizer.decode(result.new_tokens),
                 steps=result.step_dicts())
             append_record(records_path, record)

@@ -23,6 +23,7 @@ class PromptRecord:
     mean_accepted_tokens: float | None
     speedup: float | None  # tokens/s over plain decoding of the same prompt in this run
     matches_plain: bool | None
+    gated_steps: int = 0  # verifications that did not draft because of draft.target_gate
     peak_mem_mb: float | None = None  # peak memory growth during generate, MiB, max over repeats (CPU: peak RSS)
     output_ids: list[int] = field(default_factory=list)
     output_text: str = ""

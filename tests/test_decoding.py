@@ -8,7 +8,7 @@ import torch
 from scipy.stats import chisquare
 
 from selfspec.decoding.draft_exit import AdaptiveExit, DraftExit, ThresholdExit
-from selfspec.decoding.drafters import ModelDrafter, SelfDrafter
+from selfspec.decoding.drafters import HybridDrafter, ModelDrafter, NgramDrafter, SelfDrafter, ngram_continuation
 from selfspec.decoding.sampling import SamplingSettings, logits_processor
 from selfspec.decoding.speculative import generate, prefill, speculative_step
 from selfspec.errors import SelfspecError
@@ -106,6 +106,57 @@ def test_cache_holds_exactly_the_kept_tokens_after_every_step(tiny, prompt):
             torch.testing.assert_close(mine.values[:, :, :kept], ref.values[:, :, :kept])
 
 
+def test_forward_logits_equal_the_models_own_head(tiny, prompt):
+    """Our output layer (W @ hidden.T, one row computed as two; Gemma-2's soft-capping) is the model's head."""
+    for rows in (1, 3):
+        expected = tiny(torch.tensor([prompt[:rows]])).logits[0].float()  # (rows, vocab)
+        torch.testing.assert_close(forward(tiny, new_cache(tiny, 16), prompt[:rows], 0), expected)
+
+
+def test_ngram_continuation_copies_after_the_latest_longest_match():
+    tokens = [1, 2, 3, 9, 1, 2, 4, 5, 2, 7, 1, 2]
+    assert ngram_continuation(tokens, 2, 3) == [4, 5, 2]  # (1, 2) last seen before 4
+    assert ngram_continuation(tokens, 2, 10) == [4, 5, 2, 7, 1, 2]
+    assert ngram_continuation([3, 2, 8, 6, 2], 2, 4) == [8, 6, 2]  # no 2-gram match: falls back to (2,)
+    assert ngram_continuation([1, 2, 3], 2, 4) == []
+
+
+def test_hybrid_and_prompt_lookup_greedy_equal_plain(tiny, tokenizer):
+    prompt = tokenizer("def fib(n):\n    return fib(n - 1) + fib(n - 2)\n\ndef fib").input_ids  # repeats to copy
+    plain = generate(tiny, prompt, GREEDY).new_tokens
+    rng = random.Random(1)
+    for _ in range(4):
+        skip, policy = random_setup(rng)
+        ngram = NgramDrafter(tiny, rng.randint(1, 3), rng.randint(1, 10))
+        for drafter in (ngram, HybridDrafter(ngram, SelfDrafter(tiny, skip))):
+            result = generate(tiny, prompt, GREEDY, drafter, policy)
+            assert result.new_tokens == plain, (skip, policy, drafter)
+            assert "ngram" in {s.source for s in result.steps}
+
+
+def test_target_gate_at_one_never_drafts_and_at_zero_changes_nothing(tiny, prompt):
+    plain = generate(tiny, prompt, GREEDY)
+    skip = make_skip_set([1], [2], 6)
+    closed = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip), DraftExit(3), target_gate=1.0)
+    assert closed.new_tokens == plain.new_tokens
+    assert closed.drafted == 0 and len(closed.steps) == len(plain.steps) == closed.gated_steps
+    ungated = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip), AdaptiveExit(6))
+    open_gate = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip), AdaptiveExit(6), target_gate=0.0)
+    assert open_gate.new_tokens == ungated.new_tokens == plain.new_tokens and open_gate.gated_steps == 0
+    assert [(s.drafted, s.accepted) for s in open_gate.steps] == [(s.drafted, s.accepted) for s in ungated.steps]
+
+
+def test_target_gate_drafts_only_after_confident_steps(tiny, prompt):
+    gate = 0.2
+    result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, make_skip_set([1], [], 6)), DraftExit(3), target_gate=gate)
+    assert result.new_tokens == generate(tiny, prompt, GREEDY).new_tokens
+    for before, step in zip(result.steps, result.steps[1:]):
+        assert step.gated == (before.target_confidence <= gate) and (step.drafted == 0 or not step.gated)
+    assert 0 < result.gated_steps < len(result.steps)
+    with pytest.raises(SelfspecError, match=r"draft.target_gate=1.5 is outside \[0, 1\]"):
+        generate(tiny, prompt, GREEDY, SelfDrafter(tiny, make_skip_set([1], [], 6)), DraftExit(3), target_gate=1.5)
+
+
 def test_empty_prompt_is_rejected(tiny):
     with pytest.raises(SelfspecError, match="empty prompt"):
         generate(tiny, [], GREEDY)
@@ -153,27 +204,32 @@ def chi_square_pvalue(counts: dict, exact: dict) -> float:
     return chisquare(observed, [e * sum(observed) / sum(expected) for e in expected]).pvalue
 
 
-@pytest.mark.parametrize("drafter_kind", ["self", "two_model"])
+@pytest.mark.parametrize("drafter_kind", ["self", "two_model", "hybrid"])
 def test_speculative_sampling_matches_the_full_models_distribution(drafter_kind):
     """Chi-square goodness of fit of (token 2, token 3), both decided inside one speculative step, against
     the exact distribution of plain sampling. The draft differs strongly from the target, so rejections and
-    residual resampling happen often."""
+    residual resampling happen often. The hybrid's prompt was picked so that the first new token often has an
+    earlier occurrence to copy after (one-hot q) and the layer-skip draft covers the rest."""
     model = tiny_model("llama", num_layers=2, hidden_size=32, seed=3, init_std=0.3).double()
     settings = SamplingSettings(temperature=1.0, top_k=3, max_new_tokens=3)
-    prompt = [5, 40, 77]
-    drafter = (SelfDrafter(model, make_skip_set([], [1], 2)) if drafter_kind == "self"
-               else ModelDrafter(perturbed_copy(model)))
+    prompt = [173, 238, 48, 35, 124] if drafter_kind == "hybrid" else [5, 40, 77]
+    skip_drafter = SelfDrafter(model, make_skip_set([], [1], 2))
+    drafter = {"self": skip_drafter, "two_model": ModelDrafter(perturbed_copy(model)),
+               "hybrid": HybridDrafter(NgramDrafter(model, 2, 2), skip_drafter)}[drafter_kind]
     exact = exact_pair_distribution(model, prompt, settings)
     gen = torch.Generator().manual_seed(0)
-    n, counts, drafted, accepted = 3000, {}, 0, 0
+    n, counts, drafted, accepted, sources = 3000, {}, 0, 0, set()
     for _ in range(n):
         result = generate(model, prompt, settings, drafter, DraftExit(2), generator=gen)
         key = tuple(result.new_tokens[1:3])
         counts[key] = counts.get(key, 0) + 1
         drafted, accepted = drafted + result.drafted, accepted + result.accepted
+        sources |= {s.source for s in result.steps}
     assert set(counts) <= set(exact)
     assert 0.1 < accepted / drafted < 0.9  # both acceptance and rejection are exercised
     assert chi_square_pvalue(counts, exact) > 0.001
+    if drafter_kind == "hybrid":
+        assert {"ngram", "model"} <= sources
 
 
 def test_reduced_draft_vocabulary_keeps_greedy_output(tiny, prompt, tokenizer):

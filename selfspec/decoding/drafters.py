@@ -3,6 +3,8 @@
 `SelfDrafter` is Draft & Verify: the target model with a skip set, writing into the target's own cache.
 `ModelDrafter` is classic speculative decoding with a separate small model (same tokenizer) and its own
 cache. Both run the same draft loop; they differ only in which model, cache and pending tokens they use.
+`NgramDrafter` copies what followed the latest earlier occurrence of the context's last tokens (prompt lookup),
+at no model cost; `HybridDrafter` takes such a copy when there is one and a model draft otherwise.
 """
 
 from dataclasses import dataclass, field
@@ -11,15 +13,20 @@ import torch
 
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.sampling import SamplingSettings, logits_processor, sample, scores
+from selfspec.errors import SelfspecError
 from selfspec.models.cache import RewindableCache, forward, forward_hidden, new_cache
 from selfspec.models.draft_head import DraftHead
 from selfspec.models.skip import SkipSet, skipping
+
+
+NGRAM = "ngram"  # Draft.source of copied drafts: the draft-exit policy did not decide their length
 
 
 @dataclass
 class Draft:
     tokens: list[int] = field(default_factory=list)
     probs: list[torch.Tensor] = field(default_factory=list)  # each (vocab,): q, for sampled verification
+    source: str = "model"
 
 
 def draft_loop(next_logits, tokens: list[int], cached: int, max_tokens: int, exit_policy: DraftExit,
@@ -98,3 +105,54 @@ def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
             break
         n += 1
     return n
+
+
+class NgramDrafter:
+    """Prompt lookup: the tokens that followed the latest earlier occurrence of the context's last n tokens
+    (n = ngram_size down to 1), at most `num_tokens`. A copied draft is deterministic, so q is one-hot: sampled
+    verification accepts it with probability p(x) and otherwise resamples from p without x."""
+
+    def __init__(self, model, ngram_size: int = 2, num_tokens: int = 10):
+        for name, value in (("ngram_size", ngram_size), ("ngram_tokens", num_tokens)):
+            if value < 1:
+                raise SelfspecError(f"draft.{name}={value} must be >= 1")
+        self.ngram_size, self.num_tokens = ngram_size, num_tokens
+        self.vocab_size, self.device = model.get_output_embeddings().weight.shape[0], model.device
+
+    def start(self, prompt_len: int, max_len: int) -> None:
+        pass
+
+    def draft(self, cache, tokens, max_tokens, exit_policy, settings, generator, eos_token_id) -> Draft:
+        copied = ngram_continuation(tokens, self.ngram_size, min(max_tokens, self.num_tokens))
+        if eos_token_id in copied:
+            copied = copied[: copied.index(eos_token_id) + 1]
+        if settings.greedy:
+            return Draft(copied, [], NGRAM)
+        one_hot = torch.zeros(len(copied), self.vocab_size, device=self.device)  # (k, vocab)
+        one_hot[range(len(copied)), copied] = 1.0
+        return Draft(copied, list(one_hot), NGRAM)
+
+
+def ngram_continuation(tokens: list[int], ngram_size: int, max_tokens: int) -> list[int]:
+    for n in range(min(ngram_size, len(tokens) - 1), 0, -1):
+        tail = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start:start + n] == tail:
+                return tokens[start + n:start + n + max_tokens]
+    return []
+
+
+class HybridDrafter:
+    """An n-gram copy when the context has one, else the model drafter's draft."""
+
+    def __init__(self, ngram: NgramDrafter, fallback):
+        self.ngram, self.fallback = ngram, fallback
+
+    def start(self, prompt_len: int, max_len: int) -> None:
+        self.fallback.start(prompt_len, max_len)
+
+    def draft(self, cache, tokens, max_tokens, exit_policy, settings, generator, eos_token_id) -> Draft:
+        draft = self.ngram.draft(cache, tokens, max_tokens, exit_policy, settings, generator, eos_token_id)
+        if draft.tokens:
+            return draft
+        return self.fallback.draft(cache, tokens, max_tokens, exit_policy, settings, generator, eos_token_id)

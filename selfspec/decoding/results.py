@@ -12,6 +12,9 @@ class StepRecord:
     threshold: float
     draft_s: float
     verify_s: float
+    source: str = ""  # which drafter proposed the draft ("model", "ngram"); "" when nothing was drafted
+    target_confidence: float = 1.0  # the full model's probability of the token this step emitted last
+    gated: bool = False  # drafting skipped: the previous step's target_confidence was at or below draft.target_gate
 
 
 @dataclass
@@ -38,6 +41,10 @@ class GenerationResult:
     def mean_accepted_tokens(self) -> float | None:
         """Tokens emitted per verification forward (1.0 for plain decoding)."""
         return sum(s.emitted for s in self.steps) / len(self.steps) if self.steps else None
+
+    @property
+    def gated_steps(self) -> int:
+        return sum(s.gated for s in self.steps)
 
     @property
     def tokens_per_s(self) -> float:

@@ -1,7 +1,8 @@
 """Draft, verify in one forward of the full model, keep the accepted prefix: lossless speculative decoding.
 
 With no drafter (or a draft of zero tokens) a step is one plain decoding step, so plain decoding and
-speculative decoding share this loop and its sampling code.
+speculative decoding share this loop and its sampling code. Target-confidence gating: while the full model's
+probability of the token it last emitted is at or below `target_gate`, the next step does not draft.
 """
 
 import time
@@ -9,7 +10,7 @@ import time
 import torch
 
 from selfspec.decoding.draft_exit import DraftExit
-from selfspec.decoding.drafters import Draft
+from selfspec.decoding.drafters import NGRAM, Draft
 from selfspec.decoding.results import GenerationResult, StepRecord
 from selfspec.decoding.sampling import (SamplingSettings, accept_probability, logits_processor, residual, sample,
                                         scores)
@@ -48,10 +49,13 @@ def verify_sampled(draft_tokens: list[int], q: torch.Tensor, p: torch.Tensor, ge
 
 
 def generate(model, prompt: list[int], settings: SamplingSettings, drafter=None, exit_policy: DraftExit | None = None,
-             eos_token_id: int | None = None, generator: torch.Generator | None = None) -> GenerationResult:
+             eos_token_id: int | None = None, generator: torch.Generator | None = None,
+             target_gate: float | None = None) -> GenerationResult:
     """Generate up to settings.max_new_tokens tokens after `prompt` (batch size 1), stopping at EOS."""
     if not prompt:
         raise SelfspecError("empty prompt: it must hold at least one token")
+    if target_gate is not None and not 0.0 <= target_gate <= 1.0:
+        raise SelfspecError(f"draft.target_gate={target_gate} is outside [0, 1]")
     max_draft = exit_policy.max_tokens if drafter is not None else 0
     max_len = len(prompt) + settings.max_new_tokens + max_draft + 1
     processor = logits_processor(settings)
@@ -60,22 +64,28 @@ def generate(model, prompt: list[int], settings: SamplingSettings, drafter=None,
         drafter.start(len(prompt), max_len)
 
     start = time.perf_counter()
-    tokens = prompt + [prefill(model, cache, prompt, processor, settings, generator)]
+    first, confidence = prefill(model, cache, prompt, processor, settings, generator)
+    tokens = prompt + [first]
     prefill_s = time.perf_counter() - start
     steps = []
     while tokens[-1] != eos_token_id and len(tokens) - len(prompt) < settings.max_new_tokens:
         remaining = settings.max_new_tokens - (len(tokens) - len(prompt))
-        new, step = speculative_step(model, cache, tokens, remaining, drafter, exit_policy, processor, settings,
-                                     generator, eos_token_id)
+        gated = drafter is not None and target_gate is not None and confidence <= target_gate
+        new, step = speculative_step(model, cache, tokens, remaining, None if gated else drafter, exit_policy,
+                                     processor, settings, generator, eos_token_id)
+        step.gated = gated
+        confidence = step.target_confidence
         tokens += new
         steps.append(step)
     return GenerationResult(tokens[len(prompt):], time.perf_counter() - start, prefill_s, steps)
 
 
-def prefill(model, cache, prompt: list[int], processor, settings: SamplingSettings, generator) -> int:
-    """Run the prompt through the full model; return the first new token."""
+def prefill(model, cache, prompt: list[int], processor, settings: SamplingSettings, generator) -> tuple[int, float]:
+    """Run the prompt through the full model; return the first new token and its probability."""
     logits = forward(model, cache, prompt, 0, last_only=True)  # (1, vocab)
-    return _choose(scores(logits, prompt, len(prompt), processor)[0], settings, generator)
+    probs = torch.softmax(scores(logits, prompt, len(prompt), processor)[0], dim=-1)  # (vocab,)
+    token = int(probs.argmax()) if settings.greedy else sample(probs, generator)
+    return token, float(probs[token])
 
 
 def speculative_step(model, cache, tokens: list[int], remaining: int, drafter, exit_policy, processor,
@@ -97,14 +107,12 @@ def speculative_step(model, cache, tokens: list[int], remaining: int, drafter, e
     new = _cut(draft.tokens[:accepted] + [next_token], eos_token_id, remaining)
     cache.rewind(len(tokens) + len(new) - 1)
     threshold = exit_policy.threshold if exit_policy is not None else 0.0
-    step = StepRecord(len(draft.tokens), accepted, len(new), threshold, t1 - t0, time.perf_counter() - t1)
-    if exit_policy is not None:
+    confidence = float(torch.softmax(target[accepted], dim=-1)[next_token])  # the full model's p(next token)
+    step = StepRecord(len(draft.tokens), accepted, len(new), threshold, t1 - t0, time.perf_counter() - t1,
+                      draft.source if draft.tokens else "", confidence)
+    if exit_policy is not None and draft.source != NGRAM:
         exit_policy.update(len(draft.tokens), accepted)
     return new, step
-
-
-def _choose(row: torch.Tensor, settings: SamplingSettings, generator) -> int:
-    return int(row.argmax()) if settings.greedy else sample(torch.softmax(row, dim=-1), generator)
 
 
 def _cut(new: list[int], eos_token_id: int | None, remaining: int) -> list[int]:

@@ -1,7 +1,9 @@
 """Decoding strategies with one `generate(prompt, generator)` signature, so runs and benchmarks loop over them.
 
 Names: `plain`; `self_spec` (the configured draft exit) or `self_spec_<fixed|threshold|adaptive>`;
-`two_model` (needs `draft_model`); the HF generate baselines `hf_*` (see hf_baselines.py).
+`self_spec_hybrid` (an n-gram copy from the context when there is one, else the layer-skip draft with the
+configured exit); `prompt_lookup` (n-gram copies only); `two_model` (needs `draft_model`); the HF generate
+baselines `hf_*` (see hf_baselines.py). Every drafting strategy takes `draft.target_gate`.
 """
 
 from dataclasses import dataclass
@@ -9,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from selfspec.decoding.draft_exit import AdaptiveExit, DraftExit, ThresholdExit
-from selfspec.decoding.drafters import ModelDrafter, SelfDrafter
+from selfspec.decoding.drafters import HybridDrafter, ModelDrafter, NgramDrafter, SelfDrafter
 from selfspec.decoding.hf_baselines import HF_STRATEGIES, HFStrategy, make_hf_strategy
 from selfspec.decoding.results import GenerationResult
 from selfspec.decoding.sampling import SamplingSettings
@@ -30,10 +32,11 @@ class Strategy:
     eos_token_id: int | None
     drafter: object | None = None
     exit_policy: DraftExit | None = None
+    target_gate: float | None = None
 
     def generate(self, prompt: list[int], generator: torch.Generator | None = None) -> GenerationResult:
         return generate(self.model, prompt, self.settings, self.drafter, self.exit_policy, self.eos_token_id,
-                        generator)
+                        generator, self.target_gate)
 
 
 def make_exit_policy(cfg, greedy: bool, policy: str | None = None) -> DraftExit:
@@ -59,13 +62,21 @@ def make_strategy(name: str, model, settings: SamplingSettings, eos_token_id, sk
         return make_hf_strategy(name, model, settings, eos_token_id, draft_model, **(hf_cfg or {}))
     if name == "plain":
         return Strategy(name, model, settings, eos_token_id)
+    gate = draft_cfg.get("target_gate")
     if name == "self_spec" or name.removeprefix("self_spec_") in POLICIES:
         policy = make_exit_policy(draft_cfg, settings.greedy, name.removeprefix("self_spec_") if name != "self_spec" else None)
-        return Strategy(name, model, settings, eos_token_id, SelfDrafter(model, skip, draft_head), policy)
+        return Strategy(name, model, settings, eos_token_id, SelfDrafter(model, skip, draft_head), policy, gate)
+    ngram = NgramDrafter(model, draft_cfg.get("ngram_size", 2), draft_cfg.get("ngram_tokens", 10))
+    if name == "self_spec_hybrid":
+        return Strategy(name, model, settings, eos_token_id, HybridDrafter(ngram, SelfDrafter(model, skip, draft_head)),
+                        make_exit_policy(draft_cfg, settings.greedy), gate)
+    if name == "prompt_lookup":
+        return Strategy(name, model, settings, eos_token_id, ngram, DraftExit(ngram.num_tokens), gate)
     if name == "two_model":
         if draft_model is None:
             raise SelfspecError("strategy two_model needs a draft model: set draft_model=<option>, e.g. draft_model=tiny_llama")
         return Strategy(name, model, settings, eos_token_id, ModelDrafter(draft_model),
-                        make_exit_policy(draft_cfg, settings.greedy))
+                        make_exit_policy(draft_cfg, settings.greedy), gate)
     raise SelfspecError(f"strategy {name!r} is unknown; allowed: plain, self_spec, "
-                        f"{', '.join('self_spec_' + p for p in POLICIES)}, two_model, {', '.join(HF_STRATEGIES)}")
+                        f"{', '.join('self_spec_' + p for p in (*POLICIES, 'hybrid'))}, prompt_lookup, two_model, "
+                        f"{', '.join(HF_STRATEGIES)}")

@@ -10,6 +10,8 @@ its first input token; layers skipped by a draft write nothing and are simply re
 import torch
 from transformers import Cache, DynamicLayer
 
+from selfspec.models.output_layer import final_softcap, output_logits
+
 
 class RewindableLayer(DynamicLayer):
     def __init__(self, max_len: int):
@@ -78,5 +80,7 @@ def forward_hidden(model, cache: RewindableCache, input_ids: list[int], start: i
 @torch.inference_mode()
 def forward(model, cache: RewindableCache, input_ids: list[int], start: int, last_only: bool = False) -> torch.Tensor:
     """Run `input_ids` at positions start.. over the cache; return logits (len(input_ids) or 1, vocab) in fp32."""
-    out = model(**_inputs(model, cache, input_ids, start), logits_to_keep=1 if last_only else 0)
-    return out.logits[0].float()  # (q, vocab)
+    hidden = model.model(**_inputs(model, cache, input_ids, start)).last_hidden_state[0]  # (q, hidden)
+    if last_only:
+        hidden = hidden[-1:]
+    return output_logits(model.get_output_embeddings().weight, hidden, final_softcap(model))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from selfspec.errors import SelfspecError
+from selfspec.models.output_layer import final_softcap, output_logits
 
 
 @dataclass
@@ -23,12 +24,9 @@ class DraftHead:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(hidden,) final hidden state -> (vocab,) logits, -inf outside the draft vocabulary."""
-        scores = self.weight @ hidden  # (n,)
-        if self.softcap:
-            scores = torch.tanh(scores / self.softcap) * self.softcap
-        full = hidden.new_full((self.vocab_size,), float("-inf"))
-        full[self.token_ids] = scores
-        return full.float()
+        full = torch.full((self.vocab_size,), float("-inf"), device=hidden.device)
+        full[self.token_ids] = output_logits(self.weight, hidden[None], self.softcap)[0]
+        return full
 
 
 def draft_vocabulary(tokenizer, size: int, vocab_size: int) -> torch.Tensor:
@@ -60,5 +58,4 @@ def calibration_texts() -> list[str]:
 def make_draft_head(model, tokenizer, size: int) -> DraftHead:
     weight = model.get_output_embeddings().weight  # (vocab, hidden)
     ids = draft_vocabulary(tokenizer, size, weight.shape[0]).to(weight.device)
-    softcap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
-    return DraftHead(ids, weight.detach()[ids], weight.shape[0], softcap)
+    return DraftHead(ids, weight.detach()[ids], weight.shape[0], final_softcap(model))

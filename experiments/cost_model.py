@@ -1,0 +1,96 @@
+"""Where drafting can pay on this machine: measured step costs and the acceptance a draft needs to break even.
+
+    python experiments/cost_model.py [hydra overrides, e.g. model=gemma3_270m skip=none draft.vocab_size=16384]
+
+Measures, over one KV cache at a 200-token context: c(q), a full-model forward of q tokens (the verification
+of q - 1 drafts), and d, one draft token with the configured skip set (and reduced draft vocabulary). With
+per-token acceptance a and k drafts, a step emits E = (1 - a^(k+1)) / (1 - a) tokens for k d + c(k+1), so
+speedup(a, k) = E c(1) / (k d + c(k+1)). Prints c(q), d, the best k and speedup per acceptance, and the
+acceptance needed for 1.0x and 1.25x. Copied n-gram drafts cost nothing, so for them d = 0.
+"""
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+
+from selfspec.decoding.drafters import SelfDrafter
+from selfspec.models.cache import forward, forward_hidden, new_cache
+from selfspec.models.draft_head import make_draft_head
+from selfspec.models.loading import load_model
+from selfspec.models.skip import num_layers, skipping
+from selfspec.models.skip_config import skip_from_config
+
+CONTEXT, REPEATS = 200, 15
+ACCEPTANCES = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)
+
+
+def timed(step) -> float:
+    """Median milliseconds of `step()` after one untimed call."""
+    step()
+    times = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def step_costs(model, drafter: SelfDrafter, max_q: int) -> tuple[dict[int, float], float]:
+    """c(q) for q = 1..max_q and d, in milliseconds."""
+    cache = new_cache(model, CONTEXT + max_q)
+    forward(model, cache, list(range(10, 10 + CONTEXT)), 0)
+    verify = {q: timed(lambda: forward(model, cache, list(range(5, 5 + q)), CONTEXT)) for q in range(1, max_q + 1)}
+
+    def draft_token():
+        with skipping(model, drafter.skip):
+            if drafter.head is None:
+                forward(model, cache, [5], CONTEXT, last_only=True)
+            else:
+                drafter.head.logits(forward_hidden(model, cache, [5], CONTEXT))
+    return verify, timed(draft_token)
+
+
+def speedup(acceptance: float, k: int, verify: dict[int, float], draft: float) -> float:
+    emitted = sum(acceptance ** i for i in range(k + 1))  # (1 - a^(k+1)) / (1 - a)
+    return emitted * verify[1] / (k * draft + verify[k + 1])
+
+
+def break_even(target: float, verify: dict[int, float], draft: float) -> float | None:
+    """The lowest acceptance (0.01 steps) at which some draft length reaches `target` speedup."""
+    for percent in range(1, 101):
+        if max(speedup(percent / 100, k, verify, draft) for k in range(1, len(verify))) >= target:
+            return percent / 100
+    return None
+
+
+def main(overrides: list[str]) -> None:
+    torch.set_num_threads(2)
+    with initialize_config_dir(str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    loaded = load_model(cfg.model)
+    skip = skip_from_config(cfg.skip, num_layers(loaded.model))
+    head = make_draft_head(loaded.model, loaded.tokenizer, cfg.draft.vocab_size) if cfg.draft.vocab_size else None
+    verify, draft = step_costs(loaded.model, SelfDrafter(loaded.model, skip, head), cfg.draft.max_tokens + 1)
+    print(f"{loaded.name}, {torch.get_num_threads()} threads, context {CONTEXT}; skip attn={list(skip.attn)} "
+          f"mlp={list(skip.mlp)}, draft vocabulary {cfg.draft.vocab_size or 'full'}")
+    print("c(q) ms: " + ", ".join(f"{q}: {ms:.1f}" for q, ms in verify.items()))
+    print(f"d = {draft:.1f} ms per draft token = {draft / verify[1]:.2f} c(1)\n")
+    print("| acceptance | best k (layer skip) | speedup (layer skip) | best k (n-gram, d = 0) | speedup (n-gram) |")
+    print("|---|---|---|---|---|")
+    for a in ACCEPTANCES:
+        ks = range(1, len(verify))
+        skip_k = max(ks, key=lambda k: speedup(a, k, verify, draft))
+        copy_k = max(ks, key=lambda k: speedup(a, k, verify, 0.0))
+        print(f"| {a} | {skip_k} | {speedup(a, skip_k, verify, draft):.2f} | {copy_k} | "
+              f"{speedup(a, copy_k, verify, 0.0):.2f} |")
+    for target in (1.0, 1.25):
+        print(f"acceptance for {target}x: layer skip {break_even(target, verify, draft) or 'unreachable'}, "
+              f"n-gram {break_even(target, verify, 0.0) or 'unreachable'}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
