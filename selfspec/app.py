@@ -36,7 +36,7 @@ def run(cfg, out_dir: Path) -> dict:
     print(f"skip set ({skip.fraction(layers):.0%} of {2 * layers} sublayers): attn={list(skip.attn)} mlp={list(skip.mlp)}")
     head = make_draft_head(loaded.model, loaded.tokenizer, cfg.draft.vocab_size) if cfg.draft.get("vocab_size") else None
     strategies = [make_strategy(name, loaded.model, settings, loaded.tokenizer.eos_token_id, skip, cfg.draft,
-                                draft_model, head, cfg.get("hf")) for name in cfg.strategies]
+                                draft_model, head, cfg.get("hf"), cfg.get("kangaroo")) for name in cfg.strategies]
     logger = make_logger(cfg.logger, OmegaConf.to_container(cfg, resolve=True), out_dir)
     try:
         summary = evaluate(strategies, prompts, prompt_ids, loaded.tokenizer, out_dir, cfg.seed, cfg.repeats,

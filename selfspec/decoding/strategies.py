@@ -2,8 +2,9 @@
 
 Names: `plain`; `self_spec` (the configured draft exit) or `self_spec_<fixed|threshold|adaptive>`;
 `self_spec_hybrid` (an n-gram copy from the context when there is one, else the layer-skip draft with the
-configured exit); `prompt_lookup` (n-gram copies only); `two_model` (needs `draft_model`); the HF generate
-baselines `hf_*` (see hf_baselines.py). Every drafting strategy takes `draft.target_gate`.
+configured exit); `prompt_lookup` (n-gram copies only); `two_model` (needs `draft_model`); `kangaroo` (needs
+`kangaroo.adapter_path`); the HF generate baselines `hf_*` (see hf_baselines.py). Every drafting strategy
+takes `draft.target_gate`.
 """
 
 from dataclasses import dataclass
@@ -13,11 +14,13 @@ import torch
 from selfspec.decoding.draft_exit import AdaptiveExit, DraftExit, ThresholdExit
 from selfspec.decoding.drafters import HybridDrafter, ModelDrafter, NgramDrafter, SelfDrafter
 from selfspec.decoding.hf_baselines import HF_STRATEGIES, HFStrategy, make_hf_strategy
+from selfspec.decoding.kangaroo import KangarooDrafter
 from selfspec.decoding.results import GenerationResult
 from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
 from selfspec.models.draft_head import DraftHead
+from selfspec.models.kangaroo_adapter import load_adapter
 from selfspec.models.skip import SkipSet
 
 POLICIES = ("fixed", "threshold", "adaptive")
@@ -56,8 +59,10 @@ def make_exit_policy(cfg, greedy: bool, policy: str | None = None) -> DraftExit:
 
 
 def make_strategy(name: str, model, settings: SamplingSettings, eos_token_id, skip: SkipSet, draft_cfg,
-                  draft_model=None, draft_head: DraftHead | None = None, hf_cfg=None) -> Strategy | HFStrategy:
-    """`hf_cfg`: keyword arguments of make_hf_strategy (the `hf` config block) for the hf_* baselines."""
+                  draft_model=None, draft_head: DraftHead | None = None, hf_cfg=None,
+                  kangaroo_cfg=None) -> Strategy | HFStrategy:
+    """`hf_cfg`: keyword arguments of make_hf_strategy (the `hf` config block) for the hf_* baselines;
+    `kangaroo_cfg`: the `kangaroo` config block (adapter_path, exit_layer)."""
     if name in HF_STRATEGIES:
         return make_hf_strategy(name, model, settings, eos_token_id, draft_model, **(hf_cfg or {}))
     if name == "plain":
@@ -77,6 +82,12 @@ def make_strategy(name: str, model, settings: SamplingSettings, eos_token_id, sk
             raise SelfspecError("strategy two_model needs a draft model: set draft_model=<option>, e.g. draft_model=tiny_llama")
         return Strategy(name, model, settings, eos_token_id, ModelDrafter(draft_model),
                         make_exit_policy(draft_cfg, settings.greedy), gate)
+    if name == "kangaroo":
+        adapter, exit_layer = load_adapter((kangaroo_cfg or {}).get("adapter_path"), model,
+                                           (kangaroo_cfg or {}).get("exit_layer"))
+        return Strategy(name, model, settings, eos_token_id, KangarooDrafter(model, adapter, exit_layer),
+                        make_exit_policy(draft_cfg, settings.greedy), gate)
     raise SelfspecError(f"strategy {name!r} is unknown; allowed: plain, self_spec, "
                         f"{', '.join('self_spec_' + p for p in (*POLICIES, 'hybrid'))}, prompt_lookup, two_model, "
+                        f"kangaroo, "
                         f"{', '.join(HF_STRATEGIES)}")

@@ -10,7 +10,7 @@ its first input token; layers skipped by a draft write nothing and are simply re
 import torch
 from transformers import Cache, DynamicLayer
 
-from selfspec.models.output_layer import final_softcap, output_logits
+from selfspec.models.output_layer import model_logits
 
 
 class RewindableLayer(DynamicLayer):
@@ -83,4 +83,4 @@ def forward(model, cache: RewindableCache, input_ids: list[int], start: int, las
     hidden = model.model(**_inputs(model, cache, input_ids, start)).last_hidden_state[0]  # (q, hidden)
     if last_only:
         hidden = hidden[-1:]
-    return output_logits(model.get_output_embeddings().weight, hidden, final_softcap(model))
+    return model_logits(model, hidden)

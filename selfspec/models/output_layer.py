@@ -22,3 +22,8 @@ def output_logits(weight: torch.Tensor, hidden: torch.Tensor, softcap: float | N
 
 def final_softcap(model) -> float | None:
     return getattr(model.config.get_text_config(), "final_logit_softcapping", None)
+
+
+def model_logits(model, hidden: torch.Tensor) -> torch.Tensor:
+    """The model's own output layer: (rows, hidden) final normed hidden states -> (rows, vocab) fp32 logits."""
+    return output_logits(model.get_output_embeddings().weight, hidden, final_softcap(model))

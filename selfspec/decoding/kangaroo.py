@@ -1,0 +1,85 @@
+"""Kangaroo (Liu et al., 2024): self-speculative decoding by double early exit.
+
+First exit: the draft runs only the target's first `exit_layer` layers (over the shared cache), then a small
+trained adapter (models/kangaroo_adapter.py, with its own one-layer cache) and the target's output layer.
+Second exit: drafting stops once the draft's top probability falls below the draft-exit threshold (the
+`threshold` / `adaptive` policies). The full model verifies as for every drafter, so decoding stays lossless.
+
+The adapter needs a KV entry for every position, also for tokens it never drafted (the verifier's correction
+and bonus tokens). Their shallow states come from the verifying forward itself: while a generation runs, a
+forward hook on layer `exit_layer - 1` copies that layer's output into a per-position buffer, and the next
+draft first feeds the adapter the verified positions it has not seen. The drafter never rewrites the shared
+cache below the last kept token, so the full model's entries there stay as the verifier wrote them.
+"""
+
+import torch
+
+from selfspec.decoding.drafters import Draft, draft_loop
+from selfspec.models.cache import RewindableCache, forward_hidden
+from selfspec.models.output_layer import model_logits
+from selfspec.models.skip import decoder_layers, make_skip_set, num_layers, skipping
+
+
+class KangarooDrafter:
+    """The target's first `exit_layer` layers, then `adapter` (models/kangaroo_adapter.py) over its own cache."""
+
+    def __init__(self, model, adapter, exit_layer: int):
+        layers = num_layers(model)
+        self.model, self.adapter, self.exit_layer = model, adapter, exit_layer
+        self.skip = make_skip_set(range(exit_layer, layers), range(exit_layer, layers), layers)  # whole layers
+        self.hook, self.cache, self.shallow = None, None, None
+
+    def start(self, prompt_len: int, max_len: int) -> None:
+        """A new generation: a fresh adapter cache, and the hook waits for this generation's first forward
+        (the prefill) to learn which cache is ours."""
+        self.stop()
+        self.adapter_cache, self.verified = RewindableCache(1, max_len), 0  # adapter positions from the full model
+        layer = decoder_layers(self.model)[self.exit_layer - 1]
+        self.hook = layer.register_forward_hook(self._keep_shallow, with_kwargs=True)
+
+    def stop(self) -> None:
+        """Remove the hook and let go of the generation's cache (the hook does this itself once a forward over
+        another cache runs)."""
+        if self.hook is not None:
+            self.hook.remove()
+        self.hook, self.cache, self.shallow = None, None, None
+
+    def _keep_shallow(self, layer, args, kwargs, output) -> None:
+        """Copy layer exit_layer - 1's output (1, q, hidden) into self.shallow at its positions."""
+        cache = kwargs.get("past_key_values")
+        if self.cache is None:
+            self.cache = cache
+            self.shallow = output.new_zeros(cache.max_len, output.shape[-1])  # (max_len, hidden)
+        if cache is not self.cache:  # our generation has ended: another one (or another strategy) runs
+            self.stop()
+            return
+        start = int(kwargs["position_ids"][0, 0])
+        self.shallow[start:start + output.shape[1]] = output[0]
+
+    def draft(self, cache, tokens, max_tokens, exit_policy, settings, generator, eos_token_id) -> Draft:
+        adapted = self.verified  # the adapter's entries from here on came from the last draft: recompute them
+
+        def next_logits(ids, start):
+            nonlocal adapted
+            forward_hidden(self.model, cache, ids, start)  # first exit; the hook keeps the shallow states
+            end = start + len(ids)
+            # the adapter catches up over the positions it has not seen, then reads this draft's positions
+            hidden = adapter_hidden(self.adapter, self.adapter_cache, self.shallow[adapted:end], adapted)
+            adapted = end
+            return model_logits(self.model, hidden[-1:])[0]  # (vocab,)
+
+        # positions before the last token hold the prefill's or a verification's shallow states by now
+        self.verified = len(tokens) - 1
+        with skipping(self.model, self.skip), torch.inference_mode():
+            return draft_loop(next_logits, tokens, len(tokens) - 1, max_tokens, exit_policy, settings, generator,
+                              eos_token_id)
+
+
+@torch.inference_mode()
+def adapter_hidden(adapter, cache: RewindableCache, shallow: torch.Tensor, start: int) -> torch.Tensor:
+    """Run the adapter on shallow states (q, hidden) at positions start.. over its cache; return its final
+    (normed) hidden states (q, hidden)."""
+    cache.rewind(start)
+    positions = torch.arange(start, start + len(shallow), device=shallow.device)[None]  # (1, q)
+    out = adapter(inputs_embeds=shallow[None], position_ids=positions, past_key_values=cache, use_cache=True)
+    return out.last_hidden_state[0]

@@ -1,0 +1,197 @@
+"""Kangaroo: lossless drafting with a trained adapter, its training (loss, checkpoints, resume) and run.py."""
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from selfspec.decoding.draft_exit import AdaptiveExit, DraftExit, ThresholdExit
+from selfspec.decoding.kangaroo import KangarooDrafter, adapter_hidden
+from selfspec.decoding.sampling import SamplingSettings
+from selfspec.decoding.speculative import generate
+from selfspec.errors import SelfspecError
+from selfspec.kangaroo_train import TrainSettings, collect, train_adapter
+from selfspec.models.cache import RewindableCache
+from selfspec.models.kangaroo_adapter import check_exit_layer, load_adapter, new_adapter, save_adapter
+from selfspec.models.output_layer import model_logits
+from selfspec.models.skip import decoder_layers
+from selfspec.models.tiny import tiny_model
+from test_decoding import chi_square_pvalue, exact_pair_distribution
+
+ROOT = Path(__file__).resolve().parents[1]
+GREEDY = SamplingSettings(max_new_tokens=60)
+TEXTS = ["def add(a, b):\n    return", "Hello there, how are", "import numpy as np\nx = np.",
+         "class Stack:\n    def push", "The quick brown fox jumps", "for i in range(10):\n    print"]
+
+
+def noisy_adapter(model, exit_layer, scale=0.05, seed=0):
+    """An adapter that drafts differently from the full model (the untrained one is its layer `exit_layer`)."""
+    adapter = new_adapter(model, exit_layer)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in adapter.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+    return adapter
+
+
+def test_untrained_adapter_after_all_but_the_last_layer_drafts_like_the_full_model(tiny, prompt):
+    """The adapter then is the model's last layer and final norm: every draft must be accepted, which holds only
+    if the adapter's cache gets the full model's shallow states of every verified token (past gemma2's window)."""
+    plain = generate(tiny, prompt, GREEDY).new_tokens
+    result = generate(tiny, prompt, GREEDY, KangarooDrafter(tiny, new_adapter(tiny, 5), 5), DraftExit(5))
+    assert result.new_tokens == plain
+    assert result.acceptance_rate == 1.0 and result.mean_accepted_tokens > 5
+
+
+def test_kangaroo_greedy_equals_plain_for_exit_layers_and_policies(tiny, prompt):
+    plain = generate(tiny, prompt, GREEDY).new_tokens
+    rng = random.Random(0)
+    policies = [DraftExit(rng.randint(1, 8)), ThresholdExit(rng.randint(1, 8), rng.random()),
+                AdaptiveExit(rng.randint(1, 12), rng.random()), DraftExit(rng.randint(1, 8))]
+    for exit_layer, policy in zip((1, 2, 4, 5), policies):
+        drafter = KangarooDrafter(tiny, noisy_adapter(tiny, exit_layer, seed=exit_layer), exit_layer)
+        result = generate(tiny, prompt, GREEDY, drafter, policy)
+        assert result.new_tokens == plain, (exit_layer, policy)
+        assert sum(s.emitted for s in result.steps) == 59 and result.drafted > 0
+
+
+def test_the_hook_goes_away_when_another_generation_runs(tiny, prompt):
+    drafter = KangarooDrafter(tiny, noisy_adapter(tiny, 3), 3)
+    layer = decoder_layers(tiny)[2]
+    generate(tiny, prompt, SamplingSettings(max_new_tokens=8), drafter, DraftExit(3))
+    assert len(layer._forward_hooks) == 1
+    plain = generate(tiny, prompt, SamplingSettings(max_new_tokens=8))  # another cache: the hook removes itself
+    assert len(layer._forward_hooks) == 0 and drafter.cache is None
+    again = generate(tiny, prompt, SamplingSettings(max_new_tokens=8), drafter, DraftExit(3))
+    assert again.new_tokens == plain.new_tokens
+
+
+def test_kangaroo_sampling_matches_the_full_models_distribution():
+    """As test_speculative_sampling_matches_the_full_models_distribution, with a noisy adapter after layer 0."""
+    model = tiny_model("llama", num_layers=2, hidden_size=32, seed=3, init_std=0.3).double()
+    settings = SamplingSettings(temperature=1.0, top_k=3, max_new_tokens=3)
+    prompt = [5, 40, 77]
+    drafter = KangarooDrafter(model, noisy_adapter(model, 1), 1)
+    exact = exact_pair_distribution(model, prompt, settings)
+    gen = torch.Generator().manual_seed(0)
+    counts, drafted, accepted = {}, 0, 0
+    for _ in range(3000):
+        result = generate(model, prompt, settings, drafter, DraftExit(2), generator=gen)
+        key = tuple(result.new_tokens[1:3])
+        counts[key] = counts.get(key, 0) + 1
+        drafted, accepted = drafted + result.drafted, accepted + result.accepted
+    assert set(counts) <= set(exact)
+    assert 0.1 < accepted / drafted < 0.9
+    assert chi_square_pvalue(counts, exact) > 0.001
+
+
+def test_a_saved_adapter_reloads_with_identical_draft_logits(tiny, tmp_path):
+    adapter = noisy_adapter(tiny, 2)
+    save_adapter(tmp_path / "adapter.pt", adapter, tiny, 2, epoch=3)
+    loaded, exit_layer = load_adapter(tmp_path / "adapter.pt", tiny)
+    assert exit_layer == 2
+    shallow = torch.randn(7, tiny.config.hidden_size, dtype=tiny.dtype, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        logits = [model_logits(tiny, adapter_hidden(a, RewindableCache(1, 8), shallow, 0))
+                  for a in (adapter, loaded, new_adapter(tiny, 2))]  # (7, vocab) each
+    assert torch.equal(logits[0], logits[1]) and not torch.equal(logits[0], logits[2])
+
+
+def collected(model, tokenizer, tmp_path):
+    return collect(model, [tokenizer(t).input_ids for t in TEXTS], 2, 24, tmp_path / "kangaroo_data", None)
+
+
+def test_training_lowers_the_validation_loss(tiny, tokenizer, tmp_path):
+    seqs = collected(tiny, tokenizer, tmp_path)
+    assert [len(s.tokens) for s in seqs] == [len(tokenizer(t).input_ids) + 24 for t in TEXTS]
+    history = train_adapter(tiny, 2, seqs, TrainSettings(epochs=3, lr=3e-3, val_fraction=0.34), tmp_path)
+    assert [h["epoch"] for h in history] == [0, 1, 2, 3]
+    assert history[-1]["val_loss"] < history[0]["val_loss"]
+    saved = torch.load(tmp_path / "adapter.pt", weights_only=True)
+    assert saved["val_loss"] == min(h["val_loss"] for h in history) and saved["exit_layer"] == 2
+
+
+def test_resumed_training_continues_where_it_stopped(tokenizer, tmp_path):
+    """2 epochs, then a rerun asking for 4, ends exactly where 4 epochs in one go end (adapter, optimizer)."""
+    model = tiny_model("llama", num_layers=4, hidden_size=32).double()
+    settings = TrainSettings(epochs=4, lr=3e-3, val_fraction=0.34)
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    straight.mkdir(), stopped.mkdir()
+    seqs = collected(model, tokenizer, tmp_path)
+    full = train_adapter(model, 2, seqs, settings, straight)
+    first = train_adapter(model, 2, seqs, TrainSettings(epochs=2, lr=3e-3, val_fraction=0.34), stopped)
+    resumed = train_adapter(model, 2, seqs, settings, stopped)
+    assert resumed[:3] == first and resumed == full
+    a, b = (torch.load(d / "checkpoint.pt", weights_only=True) for d in (straight, stopped))
+    assert all(torch.equal(a["adapter"][k], b["adapter"][k]) for k in a["adapter"])
+    steps = {int(s["step"]) for s in b["optimizer"]["state"].values()}
+    assert steps == {4 * 4}  # 4 epochs of 4 training sequences
+
+
+def test_collection_reuses_its_files(tiny, tokenizer, tmp_path):
+    first = collected(tiny, tokenizer, tmp_path)
+    stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "kangaroo_data").iterdir()}
+    again = collected(tiny, tokenizer, tmp_path)
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "kangaroo_data").iterdir()} == stamps
+    assert all(torch.equal(x.shallow, y.shallow) for x, y in zip(first, again))
+
+
+def test_bad_exit_layers_and_adapter_paths(tiny, tmp_path):
+    for bad in (0, 6, -1, 2.5):
+        with pytest.raises(SelfspecError, match=rf"kangaroo.exit_layer={bad} is out of range; allowed: 1..5"):
+            check_exit_layer(bad, 6)
+    assert check_exit_layer(None, 6) == 3
+    with pytest.raises(SelfspecError, match="needs kangaroo.adapter_path"):
+        load_adapter(None, tiny)
+    with pytest.raises(SelfspecError, match="kangaroo.adapter_path='nope.pt' does not exist"):
+        load_adapter("nope.pt", tiny)
+    (tmp_path / "junk.pt").write_text("not a checkpoint")
+    with pytest.raises(SelfspecError, match="junk.pt' is not a Kangaroo adapter file"):
+        load_adapter(tmp_path / "junk.pt", tiny)
+    save_adapter(tmp_path / "adapter.pt", new_adapter(tiny, 2), tiny, 2)
+    with pytest.raises(SelfspecError, match="kangaroo.exit_layer=3 but .* trained for exit layer 2"):
+        load_adapter(tmp_path / "adapter.pt", tiny, exit_layer=3)
+    other = tiny_model(tiny.config.model_type, num_layers=6, seed=5).double()  # same shapes, other weights
+    with pytest.raises(SelfspecError, match="adapter.pt' was trained for another model"):
+        load_adapter(tmp_path / "adapter.pt", other)
+
+
+def run_py(*overrides):
+    return subprocess.run([sys.executable, "run.py", "model=tiny_llama", "model.dtype=float64", "logger=none",
+                           *overrides], cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_run_py_trains_resumes_and_benchmarks_kangaroo(tmp_path):
+    train = ["experiment=kangaroo_train", "kangaroo.train.sets=[chat]", "kangaroo.train.prompts_per_set=3",
+             "kangaroo.train.max_new_tokens=8", "kangaroo.exit_layer=4", f"hydra.run.dir={tmp_path / 'train'}"]
+    result = run_py(*train, "kangaroo.train.epochs=1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    adapter = tmp_path / "train" / "adapter.pt"
+    assert adapter.is_file() and f"kangaroo.adapter_path={adapter}" in result.stdout
+    assert "collect: 100%" in result.stderr and "train: 100%" in result.stderr
+    result = run_py(*train[:-1], "kangaroo.train.epochs=2", f"kangaroo.resume={tmp_path / 'train'}",
+                    f"hydra.run.dir={tmp_path / 'resume'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resuming from" in result.stdout and "after epoch 1" in result.stdout and "epoch 2:" in result.stdout
+    result = run_py("data=chat", "data.limit=2", "sampling.max_new_tokens=24", "strategies=[plain,kangaroo]",
+                    f"kangaroo.adapter_path={adapter}", f"hydra.run.dir={tmp_path / 'eval'}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert list(summary) == ["plain", "kangaroo"]
+    assert summary["kangaroo"]["outputs_match_plain"] == 1.0 and summary["kangaroo"]["acceptance_rate"] is not None
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["strategies=[plain,kangaroo]", "kangaroo.adapter_path=nope.pt"], "kangaroo.adapter_path='nope.pt' does not exist"),
+    (["experiment=kangaroo_train", "kangaroo.exit_layer=9"], "kangaroo.exit_layer=9 is out of range; allowed: 1..5"),
+    (["experiment=kangaroo_train", "kangaroo.resume=nowhere"], "kangaroo.resume='nowhere' holds no checkpoint.pt"),
+    (["task=fly"], "task='fly' is unknown; allowed: evaluate, kangaroo_train"),
+])
+def test_bad_kangaroo_values_end_with_one_clear_line(tmp_path, overrides, message):
+    result = run_py("data.limit=1", f"hydra.run.dir={tmp_path}", *overrides)
+    assert result.returncode != 0 and message in result.stderr
+    assert "Traceback" not in result.stderr
