@@ -39,8 +39,8 @@ class TrainSettings:
     sets: tuple[str, ...] = ("humaneval", "chat", "summarize")
     prompts_per_set: int | None = 32  # from the second half of each set; None = all of it
     max_new_tokens: int = 64
-    epochs: int = 4
-    lr: float = 1e-4
+    epochs: int = 8
+    lr: float = 1e-3
     weight_decay: float = 0.0
     hard_label_weight: float = 0.0
     val_fraction: float = 0.1
