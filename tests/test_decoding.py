@@ -92,7 +92,7 @@ def test_cache_holds_exactly_the_kept_tokens_after_every_step(tiny, prompt):
     processor = logits_processor(settings)
     cache = new_cache(tiny, 100)
     drafter, policy = SelfDrafter(tiny, make_skip_set([1, 3], [2], 6)), DraftExit(5)
-    tokens = prompt + [prefill(tiny, cache, prompt, processor, settings, None)]
+    tokens = prompt + [prefill(tiny, cache, prompt, processor, settings, None)[0]]
     while len(tokens) - len(prompt) < 40:
         new, step = speculative_step(tiny, cache, tokens, 40 - (len(tokens) - len(prompt)), drafter, policy,
                                      processor, settings, None, None)

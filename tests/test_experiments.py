@@ -83,7 +83,7 @@ def test_sweep_parameters_compose_one_by_one():
 
 def test_experiments_set_their_strategies_and_warmup():
     assert compose_experiment("strategies").strategies == ["plain", "self_spec_fixed", "self_spec_threshold",
-                                                            "self_spec_adaptive"]
+                                                            "self_spec_adaptive", "self_spec_hybrid", "prompt_lookup"]
     assert compose_experiment("adaptive_trace").warmup is False
 
 
