@@ -9,57 +9,42 @@ speedup(a, k) = E c(1) / (k d + c(k+1)). Prints c(q), d, the best k and speedup 
 acceptance needed for 1.0x and 1.25x. Copied n-gram drafts cost nothing, so for them d = 0.
 """
 
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
 
-from selfspec.decoding.drafters import SelfDrafter
+from selfspec.cost_model import CONTEXT, measure_step_costs, timed_ms
 from selfspec.models.cache import forward, forward_hidden, new_cache
 from selfspec.models.draft_head import make_draft_head
 from selfspec.models.loading import load_model
 from selfspec.models.skip import num_layers, skipping
 from selfspec.models.skip_config import skip_from_config
 
-CONTEXT, REPEATS = 200, 15
 ACCEPTANCES = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)
 
 
-def timed(step) -> float:
-    """Median milliseconds of `step()` after one untimed call."""
-    step()
-    times = []
-    for _ in range(REPEATS):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return 1000 * statistics.median(times)
-
-
-def step_costs(model, drafter: SelfDrafter, max_q: int) -> tuple[dict[int, float], float]:
-    """c(q) for q = 1..max_q and d, in milliseconds."""
-    cache = new_cache(model, CONTEXT + max_q)
-    forward(model, cache, list(range(10, 10 + CONTEXT)), 0)
-    verify = {q: timed(lambda: forward(model, cache, list(range(5, 5 + q)), CONTEXT)) for q in range(1, max_q + 1)}
+def measured_draft_ms(model, skip, head) -> float:
+    """d timed directly: one draft token with the skip set (and draft head), to check the additive model."""
+    cache = new_cache(model, CONTEXT + 1)
+    forward(model, cache, [5 + i % 100 for i in range(CONTEXT)], 0)
 
     def draft_token():
-        with skipping(model, drafter.skip):
-            if drafter.head is None:
+        with skipping(model, skip):
+            if head is None:
                 forward(model, cache, [5], CONTEXT, last_only=True)
             else:
-                drafter.head.logits(forward_hidden(model, cache, [5], CONTEXT))
-    return verify, timed(draft_token)
+                head.logits(forward_hidden(model, cache, [5], CONTEXT))
+    return timed_ms(draft_token)
 
 
-def speedup(acceptance: float, k: int, verify: dict[int, float], draft: float) -> float:
+def speedup(acceptance: float, k: int, verify: list[float], draft: float) -> float:
     emitted = sum(acceptance ** i for i in range(k + 1))  # (1 - a^(k+1)) / (1 - a)
-    return emitted * verify[1] / (k * draft + verify[k + 1])
+    return emitted * verify[0] / (k * draft + verify[k])
 
 
-def break_even(target: float, verify: dict[int, float], draft: float) -> float | None:
+def break_even(target: float, verify: list[float], draft: float) -> float | None:
     """The lowest acceptance (0.01 steps) at which some draft length reaches `target` speedup."""
     for percent in range(1, 101):
         if max(speedup(percent / 100, k, verify, draft) for k in range(1, len(verify))) >= target:
@@ -73,12 +58,15 @@ def main(overrides: list[str]) -> None:
         cfg = compose("config", overrides=overrides)
     loaded = load_model(cfg.model)
     skip = skip_from_config(cfg.skip, num_layers(loaded.model))
-    head = make_draft_head(loaded.model, loaded.tokenizer, cfg.draft.vocab_size) if cfg.draft.vocab_size else None
-    verify, draft = step_costs(loaded.model, SelfDrafter(loaded.model, skip, head), cfg.draft.max_tokens + 1)
+    size = cfg.draft.vocab_size
+    head = make_draft_head(loaded.model, loaded.tokenizer, size) if size else None
+    costs = measure_step_costs(loaded.model, cfg.draft.max_tokens + 1, {size: head} if head else None)
+    verify, draft = costs.verify_ms, costs.draft_ms(skip, size)
     print(f"{loaded.name}, {torch.get_num_threads()} threads, context {CONTEXT}; skip attn={list(skip.attn)} "
-          f"mlp={list(skip.mlp)}, draft vocabulary {cfg.draft.vocab_size or 'full'}")
-    print("c(q) ms: " + ", ".join(f"{q}: {ms:.1f}" for q, ms in verify.items()))
-    print(f"d = {draft:.1f} ms per draft token = {draft / verify[1]:.2f} c(1)\n")
+          f"mlp={list(skip.mlp)}, draft vocabulary {size or 'full'}")
+    print(costs.summary())
+    print(f"d = {draft:.1f} ms per draft token = {draft / verify[0]:.2f} c(1) (modelled from the sublayer costs; "
+          f"timed directly: {measured_draft_ms(loaded.model, skip, head):.1f} ms)\n")
     print("| acceptance | best k (layer skip) | speedup (layer skip) | best k (n-gram, d = 0) | speedup (n-gram) |")
     print("|---|---|---|---|---|")
     for a in ACCEPTANCES:

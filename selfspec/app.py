@@ -13,7 +13,8 @@ from selfspec.evaluate import evaluate
 from selfspec.models.draft_head import make_draft_head
 from selfspec.models.loading import load_model
 from selfspec.models.skip import num_layers
-from selfspec.models.skip_config import skip_from_config
+from selfspec.models.skip_config import searched_from_config, skip_from_config
+from selfspec.errors import SelfspecError
 from selfspec.records import markdown_table
 from selfspec.wandb_logger import make_logger
 
@@ -30,13 +31,27 @@ def run(cfg, out_dir: Path) -> dict:
     if cfg.search:
         from selfspec.search import search_skip_set  # imports optuna only when searching
 
-        skip = search_skip_set(cfg, loaded, settings, out_dir)
+        found = search_skip_set(cfg, loaded, settings, out_dir)
+        skip, vocab_size = found.skip, found.vocab_size
     else:
-        skip = skip_from_config(cfg.skip, layers)
+        skip, vocab_size = skip_from_config(cfg.skip, layers), cfg.draft.get("vocab_size")
     print(f"skip set ({skip.fraction(layers):.0%} of {2 * layers} sublayers): attn={list(skip.attn)} mlp={list(skip.mlp)}")
-    head = make_draft_head(loaded.model, loaded.tokenizer, cfg.draft.vocab_size) if cfg.draft.get("vocab_size") else None
+    heads = {}
+
+    def head(size: int | None):
+        if size and size not in heads:
+            heads[size] = make_draft_head(loaded.model, loaded.tokenizer, size)
+        return heads.get(size)
+
+    searched = None
+    if "self_spec_searched" in cfg.strategies:
+        searched_skip, searched_vocab = searched_from_config(searched_skip_config(cfg), layers)
+        print(f"searched skip set ({searched_skip.fraction(layers):.0%}): attn={list(searched_skip.attn)} "
+              f"mlp={list(searched_skip.mlp)}, draft vocabulary {searched_vocab or 'full'}")
+        searched = (searched_skip, head(searched_vocab))
     strategies = [make_strategy(name, loaded.model, settings, loaded.tokenizer.eos_token_id, skip, cfg.draft,
-                                draft_model, head, cfg.get("hf"), cfg.get("kangaroo")) for name in cfg.strategies]
+                                draft_model, head(vocab_size), cfg.get("hf"), cfg.get("kangaroo"), searched)
+                  for name in cfg.strategies]
     logger = make_logger(cfg.logger, OmegaConf.to_container(cfg, resolve=True), out_dir)
     try:
         summary = evaluate(strategies, prompts, prompt_ids, loaded.tokenizer, out_dir, cfg.seed, cfg.repeats,
@@ -52,6 +67,17 @@ def run(cfg, out_dir: Path) -> dict:
     print(f"\n{loaded.name}: {len(prompts)} prompts, max_new_tokens={settings.max_new_tokens}, "
           f"{'greedy' if settings.greedy else 'sampling'}\n{table}\n\nrecords: {out_dir}")
     return summary
+
+
+def searched_skip_config(cfg):
+    """`searched_skip.path` if given, else the model's shipped searched set (`model.searched_skip`)."""
+    if (cfg.get("searched_skip") or {}).get("path"):
+        return cfg.searched_skip
+    if cfg.model.get("searched_skip"):
+        return cfg.model.searched_skip
+    raise SelfspecError(f"strategy self_spec_searched needs a searched skip set and model {cfg.model.name} ships "
+                        f"none: run `make search MODEL={cfg.model.name}`, then pass "
+                        f"searched_skip.path=outputs/search/{cfg.model.name}/best_skip.yaml (or drop the strategy)")
 
 
 def prompt_set(data_cfg) -> list:

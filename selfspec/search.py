@@ -9,9 +9,14 @@ the search prompts self-speculatively with that skip set, and scores it:
 - `pareto`: two objectives, the share of sublayers skipped (draft cost saved) and mean accepted tokens.
   best_skip.yaml gets the Pareto-front trial with the highest expected speedup
   `mean_accepted_tokens / (1 + drafted_per_step * (1 - skipped_fraction))` (draft forwards cost
-  (1 - skipped_fraction) of a full forward, a verification one full forward).
+  (1 - skipped_fraction) of a full forward, a verification one full forward);
+- `cost_model`: the speedup over plain decoding that this machine's measured step costs predict for the
+  trial's draft/verify trace (selfspec/cost_model.py): no timing noise, and it prices what a CPU charges for
+  long verifications and for the output layer.
 
-Trials that skip nothing, everything, or a share outside [min_skip_fraction, max_skip_fraction] are pruned
+With `search.early_exit` a trial also drops a contiguous top block of layers (`exit_layer`), and with
+`search.draft_vocab_sizes` it picks the draft's output-layer size. Trials that skip nothing (at the full
+vocabulary), everything, or a share outside [min_skip_fraction, max_skip_fraction] are pruned
 without decoding. The study lives in a journal file (default `<run dir>/optuna_journal.log`) or an RDB, so a
 rerun of the same command resumes it and other processes can join it as workers.
 """
@@ -33,6 +38,7 @@ from omegaconf.errors import OmegaConfBaseException
 from optuna.trial import FrozenTrial, TrialState
 from tqdm import tqdm
 
+from selfspec.cost_model import StepCosts, measure_step_costs
 from selfspec.data import Prompt, encode_prompt, load_prompts
 from selfspec.decoding.drafters import SelfDrafter
 from selfspec.decoding.results import GenerationResult
@@ -40,10 +46,11 @@ from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.speculative import generate
 from selfspec.decoding.strategies import make_exit_policy
 from selfspec.errors import SelfspecError
+from selfspec.models.draft_head import DraftHead, make_draft_head
 from selfspec.models.skip import SkipSet, num_layers
 from selfspec.models.skip_config import skip_from_config, write_skip_file
 
-OBJECTIVES = ("tokens_per_s", "acceptance", "pareto")
+OBJECTIVES = ("tokens_per_s", "acceptance", "pareto", "cost_model")
 SAMPLERS = ("tpe", "gp", "random")
 JOURNAL_NAME = "optuna_journal.log"
 JOURNAL_LOCK_GRACE_S = 10  # appends hold the lock for milliseconds; optuna's default waits 30 s on a stale lock
@@ -52,32 +59,54 @@ WORKER = f"{socket.gethostname()}:{os.getpid()}"  # written on every trial, to s
 
 
 @dataclass(frozen=True)
+class Candidate:
+    """What a trial drafts with: a skip set and a draft vocabulary size (None: the full output layer)."""
+    skip: SkipSet
+    vocab_size: int | None = None
+
+
+@dataclass(frozen=True)
 class SearchSpace:
-    """Booleans `attn_<i>` / `mlp_<i>` for layers lo..hi-1; layers outside are never skipped."""
+    """Booleans `attn_<i>` / `mlp_<i>` for layers lo..hi-1 (layers outside are never skipped); with
+    `early_exit`, an `exit_layer` in lo+1..hi from which every layer up to hi is skipped (hi: none); with more
+    than one `vocab_sizes`, a categorical `draft_vocab_size`."""
     num_layers: int
     lo: int
     hi: int
     min_fraction: float = 0.0
     max_fraction: float = 1.0
+    early_exit: bool = False
+    vocab_sizes: tuple = (None,)
 
-    def suggest(self, trial: optuna.Trial) -> SkipSet:
-        attn = [i for i in range(self.lo, self.hi) if trial.suggest_categorical(f"attn_{i}", [False, True])]
-        mlp = [i for i in range(self.lo, self.hi) if trial.suggest_categorical(f"mlp_{i}", [False, True])]
-        return SkipSet(tuple(attn), tuple(mlp))
+    def suggest(self, trial: optuna.Trial) -> Candidate:
+        top = trial.suggest_int("exit_layer", self.lo + 1, self.hi) if self.early_exit else self.hi
+        attn = [i for i in range(self.lo, top) if trial.suggest_categorical(f"attn_{i}", [False, True])]
+        mlp = [i for i in range(self.lo, top) if trial.suggest_categorical(f"mlp_{i}", [False, True])]
+        dropped = tuple(range(top, self.hi))
+        vocab_size = (trial.suggest_categorical("draft_vocab_size", list(self.vocab_sizes))
+                      if len(self.vocab_sizes) > 1 else self.vocab_sizes[0])
+        return Candidate(SkipSet(tuple(attn) + dropped, tuple(mlp) + dropped), vocab_size)
 
-    def params(self, skip: SkipSet) -> dict:
-        """Trial parameters for `skip` (layers outside the range dropped), for `study.enqueue_trial`."""
-        return {**{f"attn_{i}": i in skip.attn for i in range(self.lo, self.hi)},
-                **{f"mlp_{i}": i in skip.mlp for i in range(self.lo, self.hi)}}
+    def params(self, candidate: Candidate) -> dict:
+        """Trial parameters for `candidate` (layers outside the range dropped), for `study.enqueue_trial`."""
+        skip = candidate.skip
+        params = {**{f"attn_{i}": i in skip.attn for i in range(self.lo, self.hi)},
+                  **{f"mlp_{i}": i in skip.mlp for i in range(self.lo, self.hi)}}
+        if self.early_exit:
+            params["exit_layer"] = self.hi
+        if len(self.vocab_sizes) > 1:
+            params["draft_vocab_size"] = candidate.vocab_size
+        return params
 
     def clip(self, skip: SkipSet) -> SkipSet:
         inside = range(self.lo, self.hi)
         return SkipSet(tuple(i for i in skip.attn if i in inside), tuple(i for i in skip.mlp if i in inside))
 
-    def reject_reason(self, skip: SkipSet) -> str | None:
-        """Why `skip` is not worth decoding (pruned unscored), or None."""
+    def reject_reason(self, candidate: Candidate) -> str | None:
+        """Why `candidate` is not worth decoding (pruned unscored), or None."""
+        skip = candidate.skip
         fraction = skip.fraction(self.num_layers)
-        if skip.is_empty:
+        if skip.is_empty and candidate.vocab_size is None:
             return "nothing skipped"
         if fraction == 1:
             return "everything skipped"
@@ -88,13 +117,13 @@ class SearchSpace:
         return None
 
 
-def search_skip_set(cfg, loaded, settings: SamplingSettings, out_dir: Path) -> SkipSet:
+def search_skip_set(cfg, loaded, settings: SamplingSettings, out_dir: Path) -> Candidate:
     """Run (or resume) the Optuna study of `cfg.search` on `loaded.model`; write out_dir/best_skip.yaml and
-    out_dir/trials.jsonl; return the chosen skip set."""
+    out_dir/trials.jsonl; return the chosen skip set and draft vocabulary size."""
     search = cfg.search
     layers = num_layers(loaded.model)
     objective_name, sampler_name, n_trials = _check_choices(search)
-    space = search_space(search, layers)
+    space = search_space(search, layers, cfg.draft.get("vocab_size"))
     prune_p = _unit(search, "prune_p", 0.1)
     max_new_tokens = search.get("max_new_tokens", 16)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 2:
@@ -120,8 +149,8 @@ def search_skip_set(cfg, loaded, settings: SamplingSettings, out_dir: Path) -> S
             study.sampler = make_sampler(sampler_name, None if seed is None else seed + present,
                                          search.get("n_startup_trials", 10))
             if present == 0 and search.get("enqueue_seeds", True):
-                for skip in seed_skip_sets(space, _configured_skip(cfg, layers)):
-                    study.enqueue_trial(space.params(skip), skip_if_exists=True)
+                for candidate in seed_candidates(space, _configured_skip(cfg, layers), cfg.draft.get("vocab_size")):
+                    study.enqueue_trial(space.params(candidate), skip_if_exists=True)
             done = len(study.get_trials(deepcopy=False, states=FINISHED))
             print(f"search: study {study_name!r} in {storage_text}: {done} of {n_trials} trials finished"
                   + (f", {failed} abandoned trial(s) of dead workers marked FAIL" if failed else "")
@@ -129,10 +158,16 @@ def search_skip_set(cfg, loaded, settings: SamplingSettings, out_dir: Path) -> S
                     f"sampler {sampler_name}")
             if done < n_trials:
                 eos = loaded.tokenizer.eos_token_id
+                heads = {n: make_draft_head(loaded.model, loaded.tokenizer, n) for n in space.vocab_sizes if n}
                 _warm_up(loaded, prompt_ids[0], search_settings, cfg.draft, space)
+                costs = None
+                if objective_name == "cost_model":
+                    costs = measure_step_costs(loaded.model, make_exit_policy(cfg.draft, settings.greedy).max_tokens + 1,
+                                               heads)
+                    print(f"search: step costs on this machine: {costs.summary()}")
                 plain = measure(loaded.model, prompt_ids, search_settings, None, cfg.draft, eos, cfg.seed, layers)
                 objective = TrialObjective(loaded.model, prompt_ids, search_settings, cfg.draft, eos, cfg.seed,
-                                           space, objective_name, plain["tokens_per_s"])
+                                           space, objective_name, plain["tokens_per_s"], heads, costs)
                 run_trials(study, objective, n_trials, n_trials - done, out_dir, cfg, study_name)
             best = choose_best(study, objective_name)
         finally:
@@ -142,21 +177,24 @@ def search_skip_set(cfg, loaded, settings: SamplingSettings, out_dir: Path) -> S
 
 
 def write_best(best: FrozenTrial, out_dir: Path, model: str, layers: int, prompts: list[Prompt], max_new_tokens: int,
-               study: dict) -> SkipSet:
+               study: dict) -> Candidate:
     """Write and print out_dir/best_skip.yaml (the skip set, the trial's metrics, how it was found)."""
-    skip = make_skip(best)
+    candidate = make_candidate(best)
     metrics = {**study, "trial": best.number, "values": list(best.values),
                **best.user_attrs.get("metrics", {}), "search_prompts": [p.question_id for p in prompts],
                "search_max_new_tokens": max_new_tokens}
     path = out_dir / "best_skip.yaml"
-    write_skip_file(path, skip, layers, model, metrics)
+    write_skip_file(path, candidate.skip, layers, model, metrics, candidate.vocab_size)
     shown = ", ".join(f"{key}={metrics[key]:.4g}" for key in ("tokens_per_s", "mean_accepted_tokens",
-                                                               "skipped_fraction", "expected_speedup")
+                                                               "skipped_fraction", "expected_speedup",
+                                                               "modelled_speedup")
                       if metrics.get(key) is not None)
+    vocab = f" draft.vocab_size={candidate.vocab_size}" if candidate.vocab_size else ""
     print(f"search: chose trial #{best.number} ({shown}); wrote {path}:\n{path.read_text()}"
-          f"search: reuse it with `skip=file skip.path={path}`; more workers: the same command with "
+          f"search: reuse it with `skip=file skip.path={path}{vocab}` or, beside the shipped set, "
+          f"`searched_skip.path={path}` and strategy self_spec_searched; more workers: the same command with "
           f"`search.storage={study['storage']} search.study_name={study['study']}` and another search.seed")
-    return skip
+    return candidate
 
 
 def _check_choices(search) -> tuple[str, str, int]:
@@ -178,8 +216,9 @@ def _unit(search, key: str, default: float) -> float:
     return float(value)
 
 
-def search_space(search, layers: int) -> SearchSpace:
-    """The validated search space from search.layer_range, min_skip_fraction and max_skip_fraction."""
+def search_space(search, layers: int, draft_vocab_size: int | None = None) -> SearchSpace:
+    """The validated search space from search.layer_range, min_skip_fraction, max_skip_fraction, early_exit and
+    draft_vocab_sizes (null: the draft's configured `draft_vocab_size` only)."""
     lo, hi = 0, layers
     layer_range = search.get("layer_range")
     if layer_range is not None:
@@ -195,7 +234,15 @@ def search_space(search, layers: int) -> SearchSpace:
     if fewest > most:
         raise SelfspecError(f"search.min_skip_fraction={low}, max_skip_fraction={high} and layer_range [{lo}, {hi}) "
                             f"allow no skip set of the {total} sublayers; widen them")
-    return SearchSpace(layers, lo, hi, low, high)
+    early_exit = search.get("early_exit", False)
+    if not isinstance(early_exit, bool):
+        raise SelfspecError(f"search.early_exit={early_exit!r} must be true or false")
+    sizes = search.get("draft_vocab_sizes")
+    sizes = tuple(_plain(sizes)) if sizes is not None else (draft_vocab_size,)
+    if not sizes or any(n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1) for n in sizes):
+        raise SelfspecError(f"search.draft_vocab_sizes={_plain(search.get('draft_vocab_sizes'))!r} is not allowed; "
+                            f"use a list of positive token counts, null for the full vocabulary, e.g. [null, 16384]")
+    return SearchSpace(layers, lo, hi, low, high, early_exit, tuple(dict.fromkeys(sizes)))
 
 
 def _plain(value):
@@ -338,21 +385,27 @@ def _configured_skip(cfg, layers: int) -> SkipSet | None:
         return None
 
 
-def seed_skip_sets(space: SearchSpace, configured: SkipSet | None = None) -> list[SkipSet]:
+def seed_candidates(space: SearchSpace, configured: SkipSet | None = None,
+                    vocab_size: int | None = None) -> list[Candidate]:
     """Known-good starting points, tried first: the configured skip set and every other layer of the upper half
-    (attention and MLP, the pattern Draft & Verify's searches favour), clipped to the layer range; sets the space
-    would prune are dropped."""
+    (attention and MLP, the pattern Draft & Verify's searches favour), clipped to the layer range, with the
+    configured draft vocabulary where the space has it (else its first); sets the space would prune are dropped."""
     layers = space.num_layers
     upper = tuple(range(layers // 2 + 1, layers - 2, 2)) or tuple(range(layers // 2, layers, 2))
+    vocab = vocab_size if vocab_size in space.vocab_sizes else space.vocab_sizes[0]
     seeds = []
     for skip in (configured, SkipSet(upper, upper)):
-        if skip is not None and (skip := space.clip(skip)) not in seeds and space.reject_reason(skip) is None:
-            seeds.append(skip)
+        if skip is None:
+            continue
+        candidate = Candidate(space.clip(skip), vocab)
+        if candidate not in seeds and space.reject_reason(candidate) is None:
+            seeds.append(candidate)
     return seeds
 
 
-def make_skip(trial: FrozenTrial) -> SkipSet:
-    return SkipSet(tuple(trial.user_attrs["attn"]), tuple(trial.user_attrs["mlp"]))
+def make_candidate(trial: FrozenTrial) -> Candidate:
+    return Candidate(SkipSet(tuple(trial.user_attrs["attn"]), tuple(trial.user_attrs["mlp"])),
+                     trial.user_attrs.get("draft_vocab_size"))
 
 
 # --- measuring a skip set --------------------------------------------------------------------------------------
@@ -365,10 +418,12 @@ def prompt_counts(result: GenerationResult) -> dict:
 
 
 def prompt_value(counts: dict, key: str) -> float | None:
-    """Per-prompt tokens_per_s or mean_accepted_tokens, reported to the pruner."""
+    """Per-prompt tokens_per_s, modelled_speedup or mean_accepted_tokens, reported to the pruner."""
     if key == "tokens_per_s":
         timed = counts["decode_tokens"] and counts["decode_s"] > 0
         return counts["decode_tokens"] / counts["decode_s"] if timed else None
+    if key == "modelled_speedup":
+        return counts["plain_modelled_ms"] / counts["modelled_ms"] if counts["modelled_ms"] else None
     return counts["emitted"] / counts["verify_steps"] if counts["verify_steps"] else None
 
 
@@ -388,6 +443,7 @@ def aggregate(per_prompt: list[dict], skipped_fraction: float) -> dict:
         "expected_speedup": (expected_speedup(mean_accepted, drafted_per_step, skipped_fraction)
                              if steps else None),
         "prompt_mean_accepted_tokens": [prompt_value(c, "mean_accepted_tokens") for c in per_prompt],
+        **({"modelled_speedup": prompt_value(total, "modelled_speedup")} if "modelled_ms" in total else {}),
     }
 
 
@@ -398,15 +454,22 @@ def expected_speedup(mean_accepted_tokens: float, drafted_per_step: float, skipp
 
 
 def measure(model, prompt_ids: list[list[int]], settings: SamplingSettings, skip: SkipSet | None, draft_cfg,
-            eos_token_id, seed: int, layers: int, on_prompt=None) -> dict:
-    """Decode every prompt (self-speculatively with `skip`, plainly when None) with one fresh exit policy;
+            eos_token_id, seed: int, layers: int, on_prompt=None, head: DraftHead | None = None,
+            costs: StepCosts | None = None, vocab_size: int | None = None) -> dict:
+    """Decode every prompt (self-speculatively with `skip` and `head`, plainly when skip is None) with one fresh
+    exit policy; with `costs`, also price each step by the cost model (`vocab_size`: the head's size).
     `on_prompt(index, counts)` runs after each prompt (it may raise TrialPruned). Returns `aggregate(...)`."""
-    drafter = SelfDrafter(model, skip) if skip is not None else None
+    drafter = SelfDrafter(model, skip, head) if skip is not None else None
     policy = make_exit_policy(draft_cfg, settings.greedy) if skip is not None else None
+    draft_ms = costs.draft_ms(skip, vocab_size) if costs is not None and skip is not None else None
     per_prompt = []
     for index, ids in enumerate(prompt_ids):
         generator = torch.Generator(device=model.device).manual_seed(seed + index)
-        counts = prompt_counts(generate(model, ids, settings, drafter, policy, eos_token_id, generator))
+        result = generate(model, ids, settings, drafter, policy, eos_token_id, generator)
+        counts = prompt_counts(result)
+        if draft_ms is not None:
+            counts["modelled_ms"] = sum(costs.step_ms(s.drafted, draft_ms) for s in result.steps)
+            counts["plain_modelled_ms"] = counts["emitted"] * costs.verify_ms[0]
         per_prompt.append(counts)
         if on_prompt is not None:
             on_prompt(index, counts)
@@ -435,20 +498,25 @@ class TrialObjective:
     space: SearchSpace
     objective: str
     plain_tokens_per_s: float | None = None
+    heads: dict = dataclasses.field(default_factory=dict)  # draft vocabulary size -> DraftHead
+    costs: StepCosts | None = None  # for objective cost_model
 
     @property
     def report_key(self) -> str:
-        return "tokens_per_s" if self.objective == "tokens_per_s" else "mean_accepted_tokens"
+        return {"tokens_per_s": "tokens_per_s", "cost_model": "modelled_speedup"}.get(self.objective,
+                                                                                   "mean_accepted_tokens")
 
     def __call__(self, trial: optuna.Trial):
         trial.set_user_attr("worker", WORKER)
-        skip = self.space.suggest(trial)
+        candidate = self.space.suggest(trial)
+        skip = candidate.skip
         trial.set_user_attr("attn", list(skip.attn))
         trial.set_user_attr("mlp", list(skip.mlp))
-        reason = self.space.reject_reason(skip)
+        trial.set_user_attr("draft_vocab_size", candidate.vocab_size)
+        reason = self.space.reject_reason(candidate)
         if reason is not None:
             self._prune(trial, reason)
-        twin = self._finished_twin(trial, skip)
+        twin = self._finished_twin(trial, candidate)
         if twin is not None:
             return self._copy(trial, twin)
 
@@ -460,7 +528,8 @@ class TrialObjective:
                     self._prune(trial, f"wilcoxon test after prompt {index}")
 
         metrics = measure(self.model, self.prompt_ids, self.settings, skip, self.draft_cfg, self.eos_token_id,
-                          self.seed, self.space.num_layers, on_prompt)
+                          self.seed, self.space.num_layers, on_prompt, self.heads.get(candidate.vocab_size),
+                          self.costs, candidate.vocab_size)
         if metrics["mean_accepted_tokens"] is None or metrics["tokens_per_s"] is None:
             self._prune(trial, "no verification step on the search prompts")
         if self.plain_tokens_per_s:
@@ -474,10 +543,10 @@ class TrialObjective:
         trial.set_user_attr("pruned", reason)
         raise optuna.TrialPruned(reason)
 
-    def _finished_twin(self, trial, skip: SkipSet) -> FrozenTrial | None:
-        """A finished trial with the same skip set (samplers repeat themselves on boolean spaces)."""
+    def _finished_twin(self, trial, candidate: Candidate) -> FrozenTrial | None:
+        """A finished trial with the same skip set and vocabulary (samplers repeat themselves on boolean spaces)."""
         for other in trial.study.get_trials(deepcopy=False, states=FINISHED):
-            if other.user_attrs.get("attn") == list(skip.attn) and other.user_attrs.get("mlp") == list(skip.mlp):
+            if "attn" in other.user_attrs and make_candidate(other) == candidate:
                 return other
         return None
 
@@ -496,6 +565,8 @@ def objective_values(objective: str, metrics: dict):
         return metrics["tokens_per_s"]
     if objective == "acceptance":
         return metrics["mean_accepted_tokens"]
+    if objective == "cost_model":
+        return metrics["modelled_speedup"]
     return metrics["skipped_fraction"], metrics["mean_accepted_tokens"]
 
 
@@ -557,6 +628,7 @@ class TrialLog:
     def __call__(self, study, trial: FrozenTrial) -> None:
         row = {"study": self.study_name, "number": trial.number, "state": trial.state.name,
                "attn": trial.user_attrs.get("attn"), "mlp": trial.user_attrs.get("mlp"),
+               "draft_vocab_size": trial.user_attrs.get("draft_vocab_size"),
                "values": trial.values if trial.state == TrialState.COMPLETE else None,
                "metrics": trial.user_attrs.get("metrics"), "pruned": trial.user_attrs.get("pruned"),
                "duplicate_of": trial.user_attrs.get("duplicate_of"), "worker": trial.user_attrs.get("worker"),

@@ -26,8 +26,9 @@ from selfspec.errors import SelfspecError
 from selfspec.models.loading import load_model
 from selfspec.models.skip import SkipSet, num_layers
 from selfspec.models.skip_config import skip_from_config
-from selfspec.search import (SearchSpace, choose_best, expected_speedup, fail_dead_trials, open_storage, open_study,
-                             search_prompts, search_space, seed_skip_sets)
+from selfspec.cost_model import StepCosts
+from selfspec.search import (Candidate, SearchSpace, choose_best, expected_speedup, fail_dead_trials, measure,
+                             open_storage, open_study, search_prompts, search_space, seed_candidates)
 
 ROOT = Path(__file__).resolve().parents[1]
 # Small and fast: 1 evaluation prompt x 8 tokens after the search; 4 search prompts (chat 1..4) x 12 tokens.
@@ -131,14 +132,18 @@ def test_expected_speedup():
 def test_search_space_checks_and_degenerate_sets():
     space = search_space({"layer_range": [2, 6], "max_skip_fraction": 0.5}, 6)
     assert (space.lo, space.hi) == (2, 6)
-    assert space.reject_reason(SkipSet()) == "nothing skipped"
-    assert "max_skip_fraction" in space.reject_reason(SkipSet((2, 3, 4, 5), (2, 3, 4)))
-    assert space.reject_reason(SkipSet((3,), (4,))) is None
-    assert SearchSpace(2, 0, 2).reject_reason(SkipSet((0, 1), (0, 1))) == "everything skipped"
-    assert "min_skip_fraction" in search_space({"min_skip_fraction": 0.5}, 6).reject_reason(SkipSet((3,), ()))
+    assert space.reject_reason(Candidate(SkipSet())) == "nothing skipped"
+    assert space.reject_reason(Candidate(SkipSet(), 64)) is None  # a reduced draft vocabulary alone is a draft
+    assert "max_skip_fraction" in space.reject_reason(Candidate(SkipSet((2, 3, 4, 5), (2, 3, 4))))
+    assert space.reject_reason(Candidate(SkipSet((3,), (4,)))) is None
+    assert SearchSpace(2, 0, 2).reject_reason(Candidate(SkipSet((0, 1), (0, 1)))) == "everything skipped"
+    assert "min_skip_fraction" in search_space({"min_skip_fraction": 0.5}, 6).reject_reason(Candidate(SkipSet((3,))))
+    assert search_space({}, 6, 64).vocab_sizes == (64,)  # the configured draft vocabulary when none is searched
+    assert search_space({"draft_vocab_sizes": [None, 64, 64]}, 6).vocab_sizes == (None, 64)
     for bad in ({"layer_range": [4, 4]}, {"layer_range": [0, 7]}, {"layer_range": [1]}, {"max_skip_fraction": 1.5},
                 {"max_skip_fraction": -0.1}, {"max_skip_fraction": 0.0},
-                {"min_skip_fraction": 0.6, "max_skip_fraction": 0.4}):
+                {"min_skip_fraction": 0.6, "max_skip_fraction": 0.4}, {"early_exit": "yes"},
+                {"draft_vocab_sizes": []}, {"draft_vocab_sizes": [0]}, {"draft_vocab_sizes": ["16k"]}):
         with pytest.raises(SelfspecError):
             search_space(bad, 6)
 
@@ -154,12 +159,80 @@ def test_search_prompts_follow_the_evaluation_prompts(capsys):
         search_prompts({"name": "chat", "offset": 40, "limit": 4})
 
 
-def test_seed_skip_sets_follow_the_upper_half_and_the_layer_range():
-    assert seed_skip_sets(SearchSpace(32, 0, 32)) == [SkipSet(tuple(range(17, 30, 2)), tuple(range(17, 30, 2)))]
-    assert seed_skip_sets(SearchSpace(6, 0, 6), SkipSet((3, 5), (4,))) == [SkipSet((3, 5), (4,)),
-                                                                          SkipSet((3, 5), (3, 5))]
-    assert seed_skip_sets(SearchSpace(6, 4, 6), SkipSet((3, 5), (4,))) == [SkipSet((5,), (4,)), SkipSet((5,), (5,))]
-    assert seed_skip_sets(SearchSpace(6, 0, 6, max_fraction=0.1)) == []  # 4 of 12 sublayers is over the bound
+def test_seed_candidates_follow_the_upper_half_the_layer_range_and_the_draft_vocabulary():
+    assert seed_candidates(SearchSpace(32, 0, 32)) == [Candidate(SkipSet(tuple(range(17, 30, 2)),
+                                                                         tuple(range(17, 30, 2))))]
+    assert seed_candidates(SearchSpace(6, 0, 6), SkipSet((3, 5), (4,))) == [Candidate(SkipSet((3, 5), (4,))),
+                                                                           Candidate(SkipSet((3, 5), (3, 5)))]
+    assert seed_candidates(SearchSpace(6, 4, 6), SkipSet((3, 5), (4,))) == [Candidate(SkipSet((5,), (4,))),
+                                                                           Candidate(SkipSet((5,), (5,)))]
+    assert seed_candidates(SearchSpace(6, 0, 6, max_fraction=0.1)) == []  # 4 of 12 sublayers is over the bound
+    vocab = SearchSpace(6, 0, 6, vocab_sizes=(None, 64))
+    assert [c.vocab_size for c in seed_candidates(vocab, SkipSet((3,), ()), 64)] == [64, 64]
+    assert [c.vocab_size for c in seed_candidates(vocab, SkipSet((3,), ()), 99)] == [None, None]
+
+
+def test_step_costs_price_skipped_sublayers_the_draft_head_and_the_verification():
+    costs = StepCosts(verify_ms=[10.0, 12.0, 15.0], attn_ms=[1.0, 0.5, 0.25], mlp_ms=[2.0, 3.0, 4.0], output_ms=3.0,
+                      head_ms={64: 0.5})
+    assert costs.draft_ms(SkipSet()) == 10.0
+    assert costs.draft_ms(SkipSet((0, 2), (1,))) == 10.0 - 1.0 - 0.25 - 3.0
+    assert costs.draft_ms(SkipSet((1,), ()), 64) == 10.0 - 0.5 - (3.0 - 0.5)
+    assert costs.step_ms(0, 7.0) == 10.0  # a plain step
+    assert costs.step_ms(2, 7.0) == 2 * 7.0 + 15.0
+    assert costs.step_ms(5, 7.0) == 5 * 7.0 + 15.0  # beyond the measured sizes: the largest one
+
+
+def test_cost_model_objective_prices_each_step_of_the_trace():
+    """measure(...) with costs: modelled_speedup = emitted x c(1) / sum(k d + c(k + 1)) over the real steps."""
+    cfg = config("model=tiny_llama", "model.dtype=float64")
+    loaded = load_model(cfg.model)
+    settings = SamplingSettings(**{**cfg.sampling, "max_new_tokens": 12})
+    prompt_ids = [encode_prompt(loaded.tokenizer, p) for p in load_prompts("chat")[1:3]]
+    costs = StepCosts([10.0 + q for q in range(13)], [1.0] * 6, [2.0] * 6, 3.0)
+    skip = SkipSet((3, 5), (4,))
+    metrics = measure(loaded.model, prompt_ids, settings, skip, cfg.draft, loaded.tokenizer.eos_token_id, 0, 6,
+                      costs=costs)
+    d = 10.0 - 2 * 1.0 - 2.0
+    policy = make_exit_policy(cfg.draft, True)
+    emitted = modelled = 0.0
+    for index, ids in enumerate(prompt_ids):
+        generator = torch.Generator().manual_seed(index)
+        for step in generate(loaded.model, ids, settings, SelfDrafter(loaded.model, skip), policy,
+                             loaded.tokenizer.eos_token_id, generator).steps:
+            emitted += step.emitted
+            modelled += step.drafted * d + 10.0 + step.drafted
+    assert metrics["modelled_speedup"] == pytest.approx(emitted * 10.0 / modelled, rel=1e-12)
+
+
+def test_cost_model_study_with_early_exit_and_draft_vocabulary_feeds_self_spec_searched(tmp_path):
+    cfg = config("model=tiny_llama", "model.dtype=float64", "search.n_trials=8", "search.objective=cost_model",
+                 "search.early_exit=true", "search.draft_vocab_sizes=[null,64]", "search.n_startup_trials=4",
+                 "search.max_skip_fraction=0.7")
+    run(cfg, tmp_path)
+
+    trials = read_jsonl(tmp_path / "trials.jsonl")
+    assert {t["draft_vocab_size"] for t in trials} <= {None, 64}
+    study = journal_study(tmp_path / "optuna_journal.log", "tiny_llama-cost_model")
+    for trial in study.trials:
+        top = trial.params.get("exit_layer", 6)
+        assert set(range(top, 6)) <= set(trial.user_attrs["attn"]) & set(trial.user_attrs["mlp"])
+    early = [t for t in study.trials if t.params.get("exit_layer", 6) < 6]
+    assert early, "no trial tried an early exit"
+    best = yaml.safe_load((tmp_path / "best_skip.yaml").read_text())
+    assert best["metrics"]["values"] == [best["metrics"]["modelled_speedup"]]
+    assert best.get("draft_vocab_size") == study.trials[best["metrics"]["trial"]].user_attrs["draft_vocab_size"]
+
+    def evaluation(*overrides):
+        with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+            return compose("config", overrides=["model=tiny_llama", "model.dtype=float64", "logger=none",
+                                                "data=chat", "data.limit=1", "sampling.max_new_tokens=8",
+                                                "strategies=[plain,self_spec_searched]", *overrides])
+    (tmp_path / "eval").mkdir()
+    summary = run(evaluation(f"searched_skip.path={tmp_path / 'best_skip.yaml'}"), tmp_path / "eval")
+    assert summary["self_spec_searched"]["outputs_match_plain"] == 1.0
+    with pytest.raises(SelfspecError, match="ships none"):
+        run(evaluation(), tmp_path)
 
 
 def test_fail_dead_trials_marks_only_trials_of_dead_local_workers(tmp_path):

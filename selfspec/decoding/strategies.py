@@ -1,6 +1,7 @@
 """Decoding strategies with one `generate(prompt, generator)` signature, so runs and benchmarks loop over them.
 
 Names: `plain`; `self_spec` (the configured draft exit) or `self_spec_<fixed|threshold|adaptive>`;
+`self_spec_searched` (the configured exit with the searched skip set and draft vocabulary, `searched_skip`);
 `self_spec_hybrid` (an n-gram copy from the context when there is one, else the layer-skip draft with the
 configured exit); `prompt_lookup` (n-gram copies only); `two_model` (needs `draft_model`); `kangaroo` (needs
 `kangaroo.adapter_path`); the HF generate baselines `hf_*` (see hf_baselines.py). Every drafting strategy
@@ -60,9 +61,10 @@ def make_exit_policy(cfg, greedy: bool, policy: str | None = None) -> DraftExit:
 
 def make_strategy(name: str, model, settings: SamplingSettings, eos_token_id, skip: SkipSet, draft_cfg,
                   draft_model=None, draft_head: DraftHead | None = None, hf_cfg=None,
-                  kangaroo_cfg=None) -> Strategy | HFStrategy:
+                  kangaroo_cfg=None, searched: tuple[SkipSet, DraftHead | None] | None = None) -> Strategy | HFStrategy:
     """`hf_cfg`: keyword arguments of make_hf_strategy (the `hf` config block) for the hf_* baselines;
-    `kangaroo_cfg`: the `kangaroo` config block (adapter_path, exit_layer)."""
+    `kangaroo_cfg`: the `kangaroo` config block (adapter_path, exit_layer); `searched`: the searched skip set
+    and its draft head, for self_spec_searched."""
     if name in HF_STRATEGIES:
         return make_hf_strategy(name, model, settings, eos_token_id, draft_model, **(hf_cfg or {}))
     if name == "plain":
@@ -71,6 +73,12 @@ def make_strategy(name: str, model, settings: SamplingSettings, eos_token_id, sk
     if name == "self_spec" or name.removeprefix("self_spec_") in POLICIES:
         policy = make_exit_policy(draft_cfg, settings.greedy, name.removeprefix("self_spec_") if name != "self_spec" else None)
         return Strategy(name, model, settings, eos_token_id, SelfDrafter(model, skip, draft_head), policy, gate)
+    if name == "self_spec_searched":
+        if searched is None:
+            raise SelfspecError("strategy self_spec_searched needs a searched skip set: "
+                                "set searched_skip.path=<best_skip.yaml>")
+        return Strategy(name, model, settings, eos_token_id, SelfDrafter(model, *searched),
+                        make_exit_policy(draft_cfg, settings.greedy), gate)
     ngram = NgramDrafter(model, draft_cfg.get("ngram_size", 2), draft_cfg.get("ngram_tokens", 10))
     if name == "self_spec_hybrid":
         return Strategy(name, model, settings, eos_token_id, HybridDrafter(ngram, SelfDrafter(model, skip, draft_head)),
@@ -88,6 +96,6 @@ def make_strategy(name: str, model, settings: SamplingSettings, eos_token_id, sk
         return Strategy(name, model, settings, eos_token_id, KangarooDrafter(model, adapter, exit_layer),
                         make_exit_policy(draft_cfg, settings.greedy), gate)
     raise SelfspecError(f"strategy {name!r} is unknown; allowed: plain, self_spec, "
-                        f"{', '.join('self_spec_' + p for p in (*POLICIES, 'hybrid'))}, prompt_lookup, two_model, "
+                        f"{', '.join('self_spec_' + p for p in (*POLICIES, 'searched', 'hybrid'))}, prompt_lookup, two_model, "
                         f"kangaroo, "
                         f"{', '.join(HF_STRATEGIES)}")

@@ -1,0 +1,96 @@
+"""Step costs measured on this machine, and the speedup they predict for a draft/verify trace.
+
+Measured once over one KV cache at a fixed context: c(q), a full-model forward of q tokens (the verification of
+q - 1 drafts); the time of every attention and MLP sublayer in a 1-token step; the output layer's time, full and
+for each reduced draft vocabulary. A draft token with skip set S and draft vocabulary V then costs
+d = c(1) - (S's sublayer times) - (output(full) - output(V)), and a trace of steps that drafted k_i tokens and
+emitted e_i runs at speedup = sum(e_i) c(1) / sum(k_i d + c(k_i + 1)) over plain decoding. The search scores
+skip sets with it (`search.objective=cost_model`): deterministic for greedy decoding, unlike wall-clock timing.
+"""
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from selfspec.models.cache import forward, forward_hidden, new_cache
+from selfspec.models.draft_head import DraftHead
+from selfspec.models.output_layer import model_logits
+from selfspec.models.skip import SkipSet, decoder_layers
+
+CONTEXT, REPEATS = 200, 15
+
+
+@dataclass
+class StepCosts:
+    """Milliseconds on this machine."""
+    verify_ms: list[float]  # [q - 1]: c(q), a full forward of q tokens, q = 1..len
+    attn_ms: list[float]  # per layer: its attention sublayer in a 1-token step
+    mlp_ms: list[float]  # per layer: its MLP sublayer in a 1-token step
+    output_ms: float  # the full output layer, one row
+    head_ms: dict[int, float] = field(default_factory=dict)  # draft vocabulary size -> its output layer, one row
+
+    def draft_ms(self, skip: SkipSet, vocab_size: int | None = None) -> float:
+        """d: one draft token with `skip` left out and a `vocab_size`-token output layer (None: full)."""
+        saved = sum(self.attn_ms[i] for i in skip.attn) + sum(self.mlp_ms[i] for i in skip.mlp)
+        if vocab_size is not None:
+            saved += self.output_ms - self.head_ms[vocab_size]
+        return self.verify_ms[0] - saved
+
+    def step_ms(self, drafted: int, draft_ms: float) -> float:
+        """One draft/verify step: `drafted` draft tokens, then a forward of drafted + 1 tokens."""
+        return drafted * draft_ms + self.verify_ms[min(drafted, len(self.verify_ms) - 1)]
+
+    def summary(self) -> str:
+        verify = ", ".join(f"{q}: {ms:.1f}" for q, ms in enumerate(self.verify_ms, 1))
+        heads = "".join(f", {n}-token head {ms:.1f}" for n, ms in sorted(self.head_ms.items()))
+        return (f"c(q) ms {verify}; sublayers attn {sum(self.attn_ms):.1f} + mlp {sum(self.mlp_ms):.1f}; "
+                f"output layer {self.output_ms:.1f}{heads}")
+
+
+def timed_ms(step, repeats: int = REPEATS) -> float:
+    """Median milliseconds of `step()` after one untimed call."""
+    step()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def measure_step_costs(model, max_q: int, heads: dict[int, DraftHead] | None = None) -> StepCosts:
+    """c(1..max_q), per-sublayer and output-layer costs of `model` at a CONTEXT-token context."""
+    cache = new_cache(model, CONTEXT + max_q)
+    forward(model, cache, [5 + i % 100 for i in range(CONTEXT)], 0)
+    verify = [timed_ms(lambda: forward(model, cache, [5] * q, CONTEXT)) for q in range(1, max_q + 1)]
+    attn, mlp = sublayer_ms(model, lambda: forward(model, cache, [5], CONTEXT))
+    hidden = forward_hidden(model, cache, [5], CONTEXT)  # (hidden,)
+    with torch.inference_mode():
+        output = timed_ms(lambda: model_logits(model, hidden[None]))
+        head_ms = {n: timed_ms(lambda: head.logits(hidden)) for n, head in (heads or {}).items()}
+    return StepCosts(verify, attn, mlp, output, head_ms)
+
+
+def sublayer_ms(model, step) -> tuple[list[float], list[float]]:
+    """Median milliseconds each layer's attention and MLP take inside `step()` (timed by forward hooks)."""
+    modules = [(kind, i, getattr(layer, kind)) for i, layer in enumerate(decoder_layers(model))
+               for kind in ("self_attn", "mlp")]
+    times = {(kind, i): [] for kind, i, _ in modules}
+    started = {}
+    handles = []
+    for kind, i, module in modules:
+        handles.append(module.register_forward_pre_hook(
+            lambda m, args, key=(kind, i): started.__setitem__(key, time.perf_counter())))
+        handles.append(module.register_forward_hook(
+            lambda m, args, out, key=(kind, i): times[key].append(time.perf_counter() - started[key])))
+    try:
+        for _ in range(REPEATS + 1):
+            step()
+    finally:
+        for handle in handles:
+            handle.remove()
+    median = {key: 1000 * statistics.median(values[1:]) for key, values in times.items()}
+    layers = len(decoder_layers(model))
+    return [median[("self_attn", i)] for i in range(layers)], [median[("mlp", i)] for i in range(layers)]
