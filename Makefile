@@ -34,9 +34,14 @@ run: install  ## Self-speculative vs plain decoding on the embedded default mode
 test: install  ## Run the test suite
 	$(PY) -m pytest -q $(ARGS)
 
-bench: install  ## Benchmark strategies side by side: MODEL=, DATA=, DATA_PATH=, LIMIT=, OUT=
+# The searched skip set of self_spec_searched: SEARCHED=<best_skip.yaml>, else `make search`'s result for MODEL if
+# there is one, else the model's shipped searched set (model.searched_skip).
+SEARCHED ?= $(wildcard outputs/search/$(MODEL)/best_skip.yaml)
+
+bench: install  ## Benchmark strategies side by side: MODEL=, DATA=, DATA_PATH=, LIMIT=, OUT=, SEARCHED=
 	$(PY) run.py experiment=bench model=$(MODEL) data=$(DATA) $(if $(DATA_PATH),data.path=$(DATA_PATH)) \
-		data.limit=$(LIMIT) hydra.run.dir=$(or $(OUT),outputs/bench/$(MODEL)-$(DATA)) $(ARGS)
+		data.limit=$(LIMIT) hydra.run.dir=$(or $(OUT),outputs/bench/$(MODEL)-$(DATA)) \
+		$(if $(SEARCHED),searched_skip.path=$(SEARCHED)) $(ARGS)
 
 search: install  ## Optuna skip-set search, then evaluate the best set: MODEL=, N_TRIALS=, OBJECTIVE=, OUT=
 	$(PY) run.py search=optuna model=$(MODEL) search.n_trials=$(or $(N_TRIALS),60) \
