@@ -14,7 +14,6 @@ from selfspec.models.draft_head import make_draft_head
 from selfspec.models.loading import load_model
 from selfspec.models.skip import num_layers
 from selfspec.models.skip_config import searched_from_config, skip_from_config
-from selfspec.errors import SelfspecError
 from selfspec.records import markdown_table
 from selfspec.wandb_logger import make_logger
 
@@ -43,9 +42,9 @@ def run(cfg, out_dir: Path) -> dict:
             heads[size] = make_draft_head(loaded.model, loaded.tokenizer, size)
         return heads.get(size)
 
-    searched = None
-    if "self_spec_searched" in cfg.strategies:
-        searched_skip, searched_vocab = searched_from_config(searched_skip_config(cfg), layers)
+    searched, searched_cfg = None, searched_skip_config(cfg) if "self_spec_searched" in cfg.strategies else None
+    if searched_cfg is not None:
+        searched_skip, searched_vocab = searched_from_config(searched_cfg, layers)
         print(f"searched skip set ({searched_skip.fraction(layers):.0%}): attn={list(searched_skip.attn)} "
               f"mlp={list(searched_skip.mlp)}, draft vocabulary {searched_vocab or 'full'}")
         searched = (searched_skip, head(searched_vocab))
@@ -70,14 +69,10 @@ def run(cfg, out_dir: Path) -> dict:
 
 
 def searched_skip_config(cfg):
-    """`searched_skip.path` if given, else the model's shipped searched set (`model.searched_skip`)."""
+    """`searched_skip.path` if given, else the model's shipped searched set (`model.searched_skip`), else None."""
     if (cfg.get("searched_skip") or {}).get("path"):
         return cfg.searched_skip
-    if cfg.model.get("searched_skip"):
-        return cfg.model.searched_skip
-    raise SelfspecError(f"strategy self_spec_searched needs a searched skip set and model {cfg.model.name} ships "
-                        f"none: run `make search MODEL={cfg.model.name}`, then pass "
-                        f"searched_skip.path=outputs/search/{cfg.model.name}/best_skip.yaml (or drop the strategy)")
+    return cfg.model.get("searched_skip")
 
 
 def prompt_set(data_cfg) -> list:

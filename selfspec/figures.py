@@ -215,7 +215,8 @@ def adaptive_trace_figures(path: str | Path) -> dict:
 
 def skip_ratio_figures(path: str | Path) -> dict:
     runs = load_runs(path)
-    points = [{"skipped_fraction": skipped_fraction(run.config), "records": run.records} for run in runs]
+    points = [{"skipped_fraction": skipped_fraction(run.config), "records": run.records,
+               "searched": run.config.get("skip_set") == "searched"} for run in runs]
     return {"skip_ratio": plots.plot_skip_ratio(points, model=runs[0].model, date=runs[0].date)}
 
 

@@ -326,14 +326,15 @@ def plot_accepted_histogram(records: list[dict], *, strategies: list[str] | None
 def plot_skip_ratio(runs: list[dict], *, strategy: str = "self_spec", model: str | None = None, date=None) -> Figure:
     """Acceptance rate, tokens per verification and speedup against the share of sublayers skipped.
 
-    runs: one dict per run, {"skipped_fraction": float in [0, 1], "records": [...]}; a marker per run and a
-    line through the mean of the runs of each size.
+    runs: one dict per run, {"skipped_fraction": float in [0, 1], "records": [...]}, with "searched": True for
+    a run of a searched skip set; a marker per random set, a line through the mean of each size, a star per
+    searched set.
     """
     what = "skip ratio"
     _nonempty_list(runs, what, "{skipped_fraction, records} dicts, one per run")
-    points = [(fraction, records) for fraction, records, _ in
-              _unit_runs(runs, "skipped_fraction", (), strategy, what, "run")]
-    points.sort(key=lambda p: p[0])
+    checked = sorted(_unit_runs(runs, "skipped_fraction", (), strategy, what, "run"), key=lambda p: p[0])
+    points = [(fraction, records) for fraction, records, item in checked if not item.get("searched")]
+    searched = [(fraction, records) for fraction, records, item in checked if item.get("searched")]
 
     metrics = ("acceptance_rate", "mean_accepted_tokens", "speedup")
     fig = _figure(9.0, 3.1)
@@ -348,12 +349,15 @@ def plot_skip_ratio(runs: list[dict], *, strategy: str = "self_spec", model: str
                 by_size.setdefault(x, []).append(y)
         ax.plot(list(by_size), [statistics.mean(v) for v in by_size.values()], color=COLORS[1],
                 label="mean per size")
+        if searched:
+            _metric_points(ax, [100 * f for f, _ in searched], [r for _, r in searched], strategy, metric, what,
+                           COLORS[2], "searched skip set", marker="*", linestyle="none")
         ax.xaxis.set_major_formatter(PercentFormatter(decimals=0))
         ax.set_xlabel("sublayers skipped (% of 2 × layers)")
     _metric_axes(axes, metrics)
     _figure_legend(fig, axes)
-    _title(fig, "Draft depth: share of sublayers skipped", model, date, f"{len(points)} random skip sets",
-           SPREAD_NOTE)
+    _title(fig, "Draft depth: share of sublayers skipped", model, date,
+           f"{len(points)} random skip sets" + (f" + {len(searched)} searched" if searched else ""), SPREAD_NOTE)
     return fig
 
 

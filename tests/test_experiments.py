@@ -92,11 +92,16 @@ def test_skip_ratio_sets_are_the_generated_ones_and_valid():
     sweep = config["hydra"]["sweeper"]["params"]["skip_set"].split(",")
     for model, table in config["random_skip_sets"].items():
         layers = table.pop("layers")
+        if table.pop("searched", None) is not None:  # the model's own searched set, checked below
+            assert model in ("smollm2", "gemma3_270m")
         assert table == random_skip_sets(layers), f"{model}: rerun experiments/random_skip_sets.py {model} {layers}"
-        assert sorted(table) == sorted(sweep)
+        assert sorted(table) + ["searched"] == sorted(sweep)
         for skip in table.values():
             make_skip_set(skip["attn"], skip["mlp"], layers)
     assert set(config["random_skip_sets"]) >= {p.stem for p in (CONF / "model").glob("*.yaml")}
+    for model in ("smollm2", "gemma3_270m"):
+        cfg = compose_experiment("skip_ratio", f"model={model}", "skip_set=searched")
+        assert dict(cfg.skip) == {k: list(v) for k, v in cfg.model.searched_skip.items() if k in ("attn", "mlp")}
 
 
 def test_threshold_sweep_and_adaptive_trace_records(outputs):

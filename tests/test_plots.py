@@ -150,6 +150,13 @@ def test_skip_ratio_has_a_marker_per_run_and_a_mean_line_per_size():
     assert list(mean_line.get_xdata()) == [10.0, 50.0]
     speedups = [summarize(r["records"])["self_spec"]["speedup"] for r in runs]
     assert mean_line.get_ydata()[0] == pytest.approx((speedups[0] + speedups[1]) / 2)
+    searched = plots.plot_skip_ratio(runs + [{"skipped_fraction": 0.2, "records": run_records(speed=4),
+                                              "searched": True}], model="m", date="d")
+    for ax in searched.axes:
+        assert labelled_lines(ax)[:3] == ["one skip set", "mean per size", "searched skip set"]
+        assert list(ax.get_lines()[1].get_xdata()) == [10.0, 50.0]  # the searched set is not in the means
+        assert list(ax.get_lines()[2].get_xdata()) == [20.0]
+    assert "3 random skip sets + 1 searched" in title(searched)
     with pytest.raises(SelfspecError, match="skipped_fraction 2.0 outside"):
         plots.plot_skip_ratio([{"skipped_fraction": 2.0, "records": run_records()}])
     with pytest.raises(SelfspecError, match="nothing to plot"):

@@ -61,7 +61,8 @@ def make_exit_policy(cfg, greedy: bool, policy: str | None = None) -> DraftExit:
 
 def make_strategy(name: str, model, settings: SamplingSettings, eos_token_id, skip: SkipSet, draft_cfg,
                   draft_model=None, draft_head: DraftHead | None = None, hf_cfg=None,
-                  kangaroo_cfg=None, searched: tuple[SkipSet, DraftHead | None] | None = None) -> Strategy | HFStrategy:
+                  kangaroo_cfg=None,
+                  searched: tuple[SkipSet, DraftHead | None] | None = None) -> Strategy | HFStrategy:
     """`hf_cfg`: keyword arguments of make_hf_strategy (the `hf` config block) for the hf_* baselines;
     `kangaroo_cfg`: the `kangaroo` config block (adapter_path, exit_layer); `searched`: the searched skip set
     and its draft head, for self_spec_searched."""
@@ -75,8 +76,9 @@ def make_strategy(name: str, model, settings: SamplingSettings, eos_token_id, sk
         return Strategy(name, model, settings, eos_token_id, SelfDrafter(model, skip, draft_head), policy, gate)
     if name == "self_spec_searched":
         if searched is None:
-            raise SelfspecError("strategy self_spec_searched needs a searched skip set: "
-                                "set searched_skip.path=<best_skip.yaml>")
+            raise SelfspecError("strategy self_spec_searched needs a searched skip set and this model ships none "
+                                "(model.searched_skip): run `make search MODEL=<model>`, then pass "
+                                "searched_skip.path=<its run dir>/best_skip.yaml, or drop the strategy")
         return Strategy(name, model, settings, eos_token_id, SelfDrafter(model, *searched),
                         make_exit_policy(draft_cfg, settings.greedy), gate)
     ngram = NgramDrafter(model, draft_cfg.get("ngram_size", 2), draft_cfg.get("ngram_tokens", 10))
@@ -96,6 +98,5 @@ def make_strategy(name: str, model, settings: SamplingSettings, eos_token_id, sk
         return Strategy(name, model, settings, eos_token_id, KangarooDrafter(model, adapter, exit_layer),
                         make_exit_policy(draft_cfg, settings.greedy), gate)
     raise SelfspecError(f"strategy {name!r} is unknown; allowed: plain, self_spec, "
-                        f"{', '.join('self_spec_' + p for p in (*POLICIES, 'searched', 'hybrid'))}, prompt_lookup, two_model, "
-                        f"kangaroo, "
-                        f"{', '.join(HF_STRATEGIES)}")
+                        f"{', '.join('self_spec_' + p for p in (*POLICIES, 'searched', 'hybrid'))}, prompt_lookup, "
+                        f"two_model, kangaroo, {', '.join(HF_STRATEGIES)}")
