@@ -25,12 +25,12 @@ RECORDS = None  # a sweep folder; None: the latest outputs/experiments/skip_rati
 
 # %%
 # %matplotlib inline
-from selfspec.figures import find_records, load_runs, skipped_fraction
+from selfspec.figures import find_records, load_runs, skip_ratio_points
 from selfspec.plots import plot_skip_ratio
 
 path = find_records("skip_ratio", RECORDS)
 runs = load_runs(path)
-points = [{"skipped_fraction": skipped_fraction(run.config), "records": run.records} for run in runs]
+points = skip_ratio_points(runs)
 print(f"{len(runs)} runs of {runs[0].model} from {path}")
 for run, point in zip(runs, points):
     print(f"{run.config.get('skip_set', run.path.name)}: {point['skipped_fraction']:.0%} skipped, "

@@ -213,11 +213,15 @@ def adaptive_trace_figures(path: str | Path) -> dict:
     }
 
 
+def skip_ratio_points(runs: list) -> list[dict]:
+    """plot_skip_ratio's input: each run's skipped fraction and records, flagged when it ran the searched set."""
+    return [{"skipped_fraction": skipped_fraction(run.config), "records": run.records,
+             "searched": run.config.get("skip_set") == "searched"} for run in runs]
+
+
 def skip_ratio_figures(path: str | Path) -> dict:
     runs = load_runs(path)
-    points = [{"skipped_fraction": skipped_fraction(run.config), "records": run.records,
-               "searched": run.config.get("skip_set") == "searched"} for run in runs]
-    return {"skip_ratio": plots.plot_skip_ratio(points, model=runs[0].model, date=runs[0].date)}
+    return {"skip_ratio": plots.plot_skip_ratio(skip_ratio_points(runs), model=runs[0].model, date=runs[0].date)}
 
 
 def search_history_figures(path: str | Path) -> dict:
