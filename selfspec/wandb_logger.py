@@ -5,20 +5,26 @@ Offline by default (no network; `wandb sync <dir>/wandb/offline-run-*` uploads l
 
 from pathlib import Path
 
-from selfspec.errors import SelfspecError
 from selfspec.records import PromptRecord
+from selfspec.settings import LoggerSettings
 
-MODES = ("offline", "online", "disabled")
+
+def start_run(logger: LoggerSettings, out_dir: Path, config: dict | None = None, **init):
+    """The W&B run of one process (None with logger.kind=none), its files under out_dir/wandb; `init`: further
+    `wandb.init` arguments (name, group, job_type), over the logger settings'."""
+    if logger.kind == "none":
+        return None
+    import wandb
+
+    init = {"name": logger.name, "group": logger.group, **init}
+    return wandb.init(project=logger.project, mode=logger.mode, dir=str(out_dir), config=config, **init)
 
 
 class WandbLogger:
-    def __init__(self, cfg, run_config: dict, out_dir: Path):
-        import wandb
+    """Per-verification acceptance and threshold, per-prompt speed and the summary of an evaluation."""
 
-        if cfg.get("mode", "offline") not in MODES:
-            raise SelfspecError(f"logger.mode={cfg.get('mode')!r} is unknown; allowed: {', '.join(MODES)}")
-        self.run = wandb.init(project=cfg.get("project", "selfspec"), name=cfg.get("name"),
-                              mode=cfg.get("mode", "offline"), dir=str(out_dir), config=run_config)
+    def __init__(self, run):
+        self.run = run
         self.verify_steps: dict[str, int] = {}
 
     def _define(self, strategy: str) -> None:
@@ -55,10 +61,6 @@ class WandbLogger:
         self.run.finish()
 
 
-def make_logger(cfg, run_config: dict, out_dir: Path) -> WandbLogger | None:
-    kind = cfg.get("kind", "none")
-    if kind == "none":
-        return None
-    if kind == "wandb":
-        return WandbLogger(cfg, run_config, out_dir)
-    raise SelfspecError(f"logger.kind={kind!r} is unknown; allowed: wandb, none")
+def make_logger(logger: LoggerSettings, run_config: dict, out_dir: Path) -> WandbLogger | None:
+    run = start_run(logger, out_dir, run_config)
+    return WandbLogger(run) if run is not None else None

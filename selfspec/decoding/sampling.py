@@ -23,15 +23,15 @@ class SamplingSettings:
 
     def __post_init__(self):
         if self.temperature < 0:
-            raise SelfspecError(f"sampling.temperature={self.temperature} is negative; allowed: 0 (greedy) or > 0")
+            raise SelfspecError(f"temperature={self.temperature} is negative; allowed: 0 (greedy) or > 0")
         if self.top_k < 0:
-            raise SelfspecError(f"sampling.top_k={self.top_k} is negative; allowed: 0 (off) or a positive integer")
+            raise SelfspecError(f"top_k={self.top_k} is negative; allowed: 0 (off) or a positive integer")
         if not 0 < self.top_p <= 1:
-            raise SelfspecError(f"sampling.top_p={self.top_p} is outside (0, 1]")
+            raise SelfspecError(f"top_p={self.top_p} is outside (0, 1]")
         if self.repetition_penalty <= 0:
-            raise SelfspecError(f"sampling.repetition_penalty={self.repetition_penalty} must be > 0")
+            raise SelfspecError(f"repetition_penalty={self.repetition_penalty} must be > 0")
         if self.max_new_tokens < 1:
-            raise SelfspecError(f"sampling.max_new_tokens={self.max_new_tokens} must be >= 1")
+            raise SelfspecError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
 
     @property
     def greedy(self) -> bool:

@@ -1,0 +1,319 @@
+"""Typed settings, built once from the Hydra config at the edge (`from_config`); the rest of selfspec takes these.
+
+Each config group has a dataclass here. The YAML files under conf/ hold the values, so fields that every option
+of a group sets have no default here; optional fields default to None ("not set"). OmegaConf checks the types
+(`typed`), each dataclass checks its ranges in `__post_init__`, and any bad value ends as one SelfspecError line
+that names the full key and what is allowed. Only this module and the entry points import OmegaConf.
+"""
+
+import re
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional, TypeVar
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
+
+from selfspec.decoding.sampling import SamplingSettings
+from selfspec.errors import SelfspecError
+
+MODEL_SOURCES = ("smollm2", "gemma3_270m", "hub", "tiny")
+TINY_FAMILIES = ("llama", "gemma2")
+DTYPES = ("float32", "bfloat16", "float16", "float64")
+POLICIES = ("fixed", "threshold", "adaptive")
+OBJECTIVES = ("tokens_per_s", "acceptance", "pareto", "cost_model")
+SAMPLERS = ("tpe", "gp", "random")
+LOGGERS = ("wandb", "none")
+WANDB_MODES = ("offline", "online", "disabled")
+TASKS = ("evaluate", "kangaroo_train")
+T = TypeVar("T")
+
+
+def one_of(key: str, value, allowed: tuple) -> None:
+    if value not in allowed:
+        raise SelfspecError(f"{key}={value!r} is unknown; allowed: {', '.join(map(str, allowed))}")
+
+
+def at_least(key: str, value, low, what: str = "") -> None:
+    if value is not None and value < low:
+        raise SelfspecError(f"{key}={value!r} must be >= {low}{what}")
+
+
+def in_unit(key: str, value) -> None:
+    if value is not None and not 0 <= value <= 1:
+        raise SelfspecError(f"{key}={value!r} is outside [0, 1]")
+
+
+@dataclass(kw_only=True)
+class SkipSettings:
+    """A skip set: inline `attn`/`mlp` layer ids, or `path` to a best_skip.yaml written by the search (which may
+    also carry `draft_vocab_size`). Layer ids are checked against the model once it is loaded (models/skip.py)."""
+    attn: list[int] = field(default_factory=list)
+    mlp: list[int] = field(default_factory=list)
+    path: Optional[str] = None
+    draft_vocab_size: Optional[int] = None  # searched_skip only: the draft vocabulary it was searched with
+
+
+@dataclass(kw_only=True)
+class ModelSettings:
+    """The `model` group (and `draft_model`): where the weights come from and where they run."""
+    name: str
+    source: str
+    path: Optional[str] = None
+    dtype: str
+    device: str
+    cache_dir: Optional[str] = None  # embedded GGUF models are converted once into <cache_dir>/<source>
+    family: Optional[str] = None  # tiny models: llama | gemma2, and their shape
+    num_layers: Optional[int] = None
+    hidden_size: Optional[int] = None
+    sliding_window: Optional[int] = None
+    seed: Optional[int] = None
+    draft_vocab_size: Optional[int] = None  # this model's draft defaults, read by the draft group
+    draft_max_tokens: Optional[int] = None
+    hf_early_exit_layer: Optional[int] = None  # read by the bench experiment
+    searched_skip: Optional[SkipSettings] = None  # strategy self_spec_searched
+
+    def __post_init__(self):
+        one_of("source", self.source, MODEL_SOURCES)
+        one_of("dtype", self.dtype, DTYPES)
+        if self.source == "tiny":
+            one_of("family", self.family, TINY_FAMILIES)
+            for name in ("num_layers", "hidden_size", "sliding_window"):
+                at_least(name, getattr(self, name), 1)
+
+
+@dataclass(kw_only=True)
+class DraftSettings:
+    """The `draft` group: the draft-exit policy (fixed | threshold | adaptive) and the drafters' own options."""
+    policy: str
+    max_tokens: int
+    threshold: Optional[float] = None  # threshold, adaptive (its start); None: draft_exit.default_threshold
+    beta1: Optional[float] = None  # adaptive only; None: the paper's value (decoding/draft_exit.py)
+    target_acceptance: Optional[float] = None
+    epsilon: Optional[float] = None
+    beta2: Optional[float] = None
+    vocab_size: Optional[int] = None  # draft over this many token ids; None: the whole vocabulary
+    ngram_size: int
+    ngram_tokens: int
+    target_gate: Optional[float] = None
+
+    def __post_init__(self):
+        one_of("policy", self.policy, POLICIES)
+        at_least("max_tokens", self.max_tokens, 1)
+        for name in ("threshold", "beta1", "target_acceptance", "epsilon", "beta2", "target_gate"):
+            in_unit(name, getattr(self, name))
+        at_least("vocab_size", self.vocab_size, 1)
+        at_least("ngram_size", self.ngram_size, 1)
+        at_least("ngram_tokens", self.ngram_tokens, 1)
+
+    @property
+    def adaptive_options(self) -> dict:
+        """The adaptive rule's parameters that the config sets (the rest keep AdaptiveExit's defaults)."""
+        names = ("beta1", "target_acceptance", "epsilon", "beta2")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+
+@dataclass(kw_only=True)
+class DataSettings:
+    """The `data` group: one prompt set or several (`name` a list), `limit` prompts of each."""
+    name: Any  # a prompt-set name or a list of them
+    path: Optional[str] = None
+    limit: Optional[int] = None
+    offset: int = 0  # prompts skipped at the start of each set (search.data: after the evaluation prompts)
+
+    def __post_init__(self):
+        at_least("limit", self.limit, 1, " (prompts per set), or null for all")
+        at_least("offset", self.offset, 0)
+        if not self.names or not all(isinstance(n, str) for n in self.names):
+            raise SelfspecError(f"name={self.name!r} is not allowed; give a prompt-set name or a list of them")
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.name) if isinstance(self.name, (list, tuple)) else [self.name]
+
+
+@dataclass(kw_only=True)
+class SearchSettings:
+    """The `search` group: the Optuna study of skip sets (selfspec/search/)."""
+    n_trials: int
+    objective: str
+    sampler: str
+    seed: Optional[int] = None
+    n_startup_trials: int
+    storage: Optional[str] = None
+    study_name: Optional[str] = None
+    layer_range: Optional[list[int]] = None
+    min_skip_fraction: float
+    max_skip_fraction: float
+    early_exit: bool
+    draft_vocab_sizes: Optional[list[Optional[int]]] = None
+    prune_p: float
+    enqueue_seeds: bool
+    max_new_tokens: int
+    data: DataSettings
+
+    def __post_init__(self):
+        at_least("n_trials", self.n_trials, 1, " (trials in the study in total)")
+        one_of("objective", self.objective, OBJECTIVES)
+        one_of("sampler", self.sampler, SAMPLERS)
+        at_least("n_startup_trials", self.n_startup_trials, 0)
+        for name in ("min_skip_fraction", "max_skip_fraction", "prune_p"):
+            in_unit(name, getattr(self, name))
+        at_least("max_new_tokens", self.max_new_tokens, 2)
+        if self.layer_range is not None and (len(self.layer_range) != 2 or not 0 <= self.layer_range[0] < self.layer_range[1]):
+            raise SelfspecError(f"layer_range={self.layer_range!r} is not allowed; use [lo, hi] with 0 <= lo < hi "
+                                f"(layers lo..hi-1 are searched) or null for all")
+        if self.draft_vocab_sizes is not None and (not self.draft_vocab_sizes
+                                                   or any(n is not None and n < 1 for n in self.draft_vocab_sizes)):
+            raise SelfspecError(f"draft_vocab_sizes={self.draft_vocab_sizes!r} is not allowed; use a list of positive "
+                                f"token counts, null for the full vocabulary, e.g. [null, 16384]")
+
+
+@dataclass(kw_only=True)
+class LoggerSettings:
+    """The `logger` group: W&B (offline unless mode=online) or none; local records are always written."""
+    kind: str
+    mode: str = "offline"
+    project: str = "selfspec"
+    name: Optional[str] = None
+    group: Optional[str] = None  # W&B run group (a sweep or a study)
+
+    def __post_init__(self):
+        one_of("kind", self.kind, LOGGERS)
+        one_of("mode", self.mode, WANDB_MODES)
+
+
+@dataclass(kw_only=True)
+class HFSettings:
+    """The `hf` block: the HF generate baselines (decoding/hf_baselines.py)."""
+    early_exit_layer: Optional[int] = None  # hf_early_exit drafts with the first N layers; None: 3/4 of them
+    num_assistant_tokens: int
+    confidence_threshold: float
+
+    def __post_init__(self):
+        at_least("early_exit_layer", self.early_exit_layer, 1)
+        at_least("num_assistant_tokens", self.num_assistant_tokens, 1)
+        if not 0 <= self.confidence_threshold < 1:
+            raise SelfspecError(f"confidence_threshold={self.confidence_threshold!r} is outside [0, 1); "
+                                f"0 drafts a fixed length")
+
+
+@dataclass(kw_only=True)
+class TrainSettings:
+    """The `kangaroo.train` block."""
+    sets: list[str]
+    prompts_per_set: Optional[int] = None  # from the second half of each set; None = all of it
+    max_new_tokens: int
+    epochs: int
+    lr: float
+    weight_decay: float
+    hard_label_weight: float
+    val_fraction: float
+    seed: int
+
+    def __post_init__(self):
+        for name, ok in (("epochs", self.epochs >= 1), ("max_new_tokens", self.max_new_tokens >= 1),
+                         ("lr", self.lr > 0), ("weight_decay", self.weight_decay >= 0),
+                         ("hard_label_weight", self.hard_label_weight >= 0),
+                         ("val_fraction", 0 < self.val_fraction < 1),
+                         ("prompts_per_set", self.prompts_per_set is None or self.prompts_per_set >= 1)):
+            if not ok:
+                raise SelfspecError(f"{name}={getattr(self, name)!r} is out of range")
+
+
+@dataclass(kw_only=True)
+class KangarooSettings:
+    """The `kangaroo` group: the adapter the `kangaroo` strategy drafts with, and its training."""
+    adapter_path: Optional[str] = None
+    exit_layer: Optional[int] = None  # layers before the adapter; None: half the model's layers
+    resume: Optional[str] = None
+    train: TrainSettings
+
+
+@dataclass(kw_only=True)
+class RunOptions:
+    """The top-level keys of conf/config.yaml."""
+    task: str
+    seed: int
+    strategies: list[str]
+    repeats: int
+    warmup: bool
+
+    def __post_init__(self):
+        one_of("task", self.task, TASKS)
+        at_least("repeats", self.repeats, 1)
+
+
+@dataclass(kw_only=True)
+class RunSettings(RunOptions):
+    """Everything one `python run.py ...` does, typed."""
+    model: ModelSettings
+    skip: SkipSettings
+    searched_skip: Optional[SkipSettings]  # searched_skip.path if set, else model.searched_skip
+    draft: DraftSettings
+    draft_model: Optional[ModelSettings]
+    sampling: SamplingSettings
+    search: Optional[SearchSettings]
+    data: DataSettings
+    logger: LoggerSettings
+    hf: HFSettings
+    kangaroo: KangarooSettings
+
+
+def typed(cls: type[T], values, key: str) -> T:
+    """`values` (a config node or dict) as a `cls` instance; a wrong type, an unknown key, a missing value or a
+    value out of range raises one SelfspecError line that names `key`.<field>."""
+    prefix = f"{key}." if key else ""
+    schema = OmegaConf.structured(cls)
+    OmegaConf.set_readonly(schema, False)
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(schema, values))
+    except MissingMandatoryValue as error:
+        raise SelfspecError(f"{prefix}{error.full_key} is not set; it has no default") from None
+    except OmegaConfBaseException as error:
+        raise SelfspecError(_type_error(error, prefix)) from None
+    except SelfspecError as error:
+        raise SelfspecError(f"{prefix}{error}") from None
+
+
+def _type_error(error: OmegaConfBaseException, prefix: str) -> str:
+    where = f"{prefix}{error.full_key}" if error.full_key else prefix.rstrip(".") or "config"
+    message = str(getattr(error, "msg", error)).splitlines()[0]
+    unknown = re.match(r"Key '(.+)' not in '(\w+)'", message)
+    if unknown:
+        return f"{prefix}{unknown.group(1)} is not a known key; see conf/ for the allowed keys"
+    if re.match(r"Value '.*' is not a valid bool", message):
+        message = message.replace("is not a valid bool", "could not be converted to Boolean")
+    wanted = re.search(r"could not be converted to (\w+)", message)
+    if wanted:
+        words = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "String": "text"}
+        value = re.match(r"Value '(.*)' (of type|could not)", message)
+        return f"{where}={value.group(1) if value else '?'} is not allowed; it must be {words.get(wanted[1], wanted[1])}"
+    return f"{where}: {message}"
+
+
+def from_config(cfg: DictConfig) -> RunSettings:
+    """The typed settings of a composed run config (unknown top-level keys, such as an experiment's own, are
+    left to the experiment's interpolations)."""
+    plain = _resolved(cfg)
+    model = typed(ModelSettings, plain["model"], "model")
+    searched = plain.get("searched_skip") or {}
+    searched_skip = (typed(SkipSettings, searched, "searched_skip") if searched.get("path")
+                     else model.searched_skip)
+    options = typed(RunOptions, {f.name: plain.get(f.name) for f in fields(RunOptions)}, "")
+    return RunSettings(
+        **vars(options), model=model, skip=typed(SkipSettings, plain["skip"], "skip"), searched_skip=searched_skip,
+        draft=typed(DraftSettings, plain["draft"], "draft"),
+        draft_model=typed(ModelSettings, plain["draft_model"], "draft_model") if plain.get("draft_model") else None,
+        sampling=typed(SamplingSettings, plain["sampling"], "sampling"),
+        search=typed(SearchSettings, plain["search"], "search") if plain.get("search") else None,
+        data=typed(DataSettings, plain["data"], "data"), logger=typed(LoggerSettings, plain["logger"], "logger"),
+        hf=typed(HFSettings, plain["hf"], "hf"), kangaroo=typed(KangarooSettings, plain["kangaroo"], "kangaroo"))
+
+
+def _resolved(cfg: DictConfig) -> dict:
+    try:
+        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+    except MissingMandatoryValue as error:
+        raise SelfspecError(f"{error.full_key} is not set; give it on the command line ({error.full_key}=...)") from None
+    except OmegaConfBaseException as error:
+        raise SelfspecError(_type_error(error, "")) from None
