@@ -8,11 +8,18 @@ which moves that threshold after every verification towards a target acceptance 
 from dataclasses import dataclass, field
 
 from selfspec.errors import SelfspecError
+from selfspec.settings import DraftSettings
+
+
+def default_threshold(greedy: bool) -> float:
+    """The starting draft-exit threshold when `draft.threshold` is null: the paper code's 0.8 for greedy decoding,
+    0.5 for sampling."""
+    return 0.8 if greedy else 0.5
 
 
 def _check_unit(name: str, value: float) -> None:
     if not 0.0 <= value <= 1.0:
-        raise SelfspecError(f"draft.{name}={value} is outside [0, 1]")
+        raise SelfspecError(f"{name}={value} is outside [0, 1]")
 
 
 @dataclass
@@ -22,7 +29,7 @@ class DraftExit:
 
     def __post_init__(self):
         if self.max_tokens < 1:
-            raise SelfspecError(f"draft.max_tokens={self.max_tokens} must be >= 1")
+            raise SelfspecError(f"max_tokens={self.max_tokens} must be >= 1")
 
     @property
     def threshold(self) -> float:
@@ -78,3 +85,16 @@ class AdaptiveExit(ThresholdExit):
         else:
             candidate = self.current - self.epsilon
         self.current = self.beta2 * self.current + (1 - self.beta2) * candidate
+
+
+def make_exit_policy(draft: DraftSettings, greedy: bool, policy: str | None = None) -> DraftExit:
+    """A fresh draft-exit policy from the `draft` settings; `policy` overrides their kind."""
+    policy = policy or draft.policy
+    threshold = draft.threshold if draft.threshold is not None else default_threshold(greedy)
+    if policy == "fixed":
+        return DraftExit(draft.max_tokens)
+    if policy == "threshold":
+        return ThresholdExit(draft.max_tokens, threshold)
+    if policy == "adaptive":
+        return AdaptiveExit(draft.max_tokens, threshold, **draft.adaptive_options)
+    raise SelfspecError(f"draft.policy={policy!r} is unknown; allowed: fixed, threshold, adaptive")
