@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from selfspec.errors import SelfspecError
+from selfspec.settings import DataSettings
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"  # package data: chat.jsonl, summarize.jsonl
 SHIPPED_SETS = ("chat", "summarize")
@@ -62,6 +63,17 @@ def load_prompts(name: str, path: str | None = None, limit: int | None = None) -
     else:
         prompts = read_prompt_file(PROMPTS_DIR / f"{name}.jsonl")
     return prompts[:limit]
+
+
+def load_prompt_set(data: DataSettings) -> list[Prompt]:
+    """Prompts offset..offset+limit-1 of each set in `data.names`, set after set."""
+    prompts = []
+    for name in data.names:
+        chosen = load_prompts(name, data.path)[data.offset or 0:][:data.limit]
+        if not chosen:
+            raise SelfspecError(f"data.offset={data.offset} leaves no prompts in set {name!r}; lower it")
+        prompts += chosen
+    return prompts
 
 
 def humaneval_prompts() -> list[Prompt]:

@@ -1,16 +1,21 @@
 """Decode the same prompts with several strategies, interleaved, and record what each did."""
 
+import ctypes
 import dataclasses
 import statistics
+import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from tqdm import tqdm
 
 from selfspec.data import Prompt
-from selfspec.decoding.hf_baselines import measure_peak_memory
 from selfspec.decoding.strategies import Strategy
 from selfspec.records import PromptRecord, append_record, read_records, summarize
+
+T = TypeVar("T")
 
 
 def evaluate(strategies: list[Strategy], prompts: list[Prompt], prompt_ids: list[list[int]], tokenizer,
@@ -59,3 +64,43 @@ def _warm_up(strategies: list[Strategy], ids: list[int], seed: int) -> None:
     for strategy in strategies:
         short = dataclasses.replace(strategy, settings=dataclasses.replace(strategy.settings, max_new_tokens=16))
         short.generate(ids[:64], _generator(strategy, seed))
+
+
+def measure_peak_memory(run: Callable[[], T], device: torch.device | str = "cpu") -> tuple[T, float | None]:
+    """`run()`'s result and the peak memory growth during it, in MiB above the level at its start.
+
+    CUDA: `torch.cuda.max_memory_allocated` (tensors only). CPU: the process's peak RSS (Linux VmHWM, reset through
+    /proc/self/clear_refs), after returning freed heap to the OS so reused memory counts as growth again; other
+    threads' allocations count too. None where neither is available (CPU off Linux, or /proc not writable).
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        result = run()
+        torch.cuda.synchronize(device)
+        return result, (torch.cuda.max_memory_allocated(device) - before) / 2**20
+    if not sys.platform.startswith("linux"):
+        return run(), None
+    _return_free_heap()
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # 5: reset the peak RSS to the current RSS
+    except OSError:
+        return run(), None
+    before = _proc_status_kb("VmRSS")
+    result = run()
+    return result, (_proc_status_kb("VmHWM") - before) / 1024
+
+
+def _return_free_heap() -> None:
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
+def _proc_status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))

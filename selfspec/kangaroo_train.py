@@ -19,10 +19,9 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from omegaconf import OmegaConf
 from tqdm import tqdm
 
-from selfspec.data import Prompt, encode_prompt, load_prompts
+from selfspec.data import Prompt, encode_prompt, load_prompt_set, load_prompts
 from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
@@ -31,29 +30,7 @@ from selfspec.models.kangaroo_adapter import (check_exit_layer, model_signature,
 from selfspec.models.loading import load_model
 from selfspec.models.output_layer import model_logits
 from selfspec.models.skip import num_layers
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """The `kangaroo.train` config block."""
-    sets: tuple[str, ...] = ("humaneval", "chat", "summarize")
-    prompts_per_set: int | None = 32  # from the second half of each set; None = all of it
-    max_new_tokens: int = 64
-    epochs: int = 8
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    hard_label_weight: float = 0.0
-    val_fraction: float = 0.1
-    seed: int = 0
-
-    def __post_init__(self):
-        for name, ok in (("epochs", self.epochs >= 1), ("max_new_tokens", self.max_new_tokens >= 1),
-                         ("lr", self.lr > 0), ("weight_decay", self.weight_decay >= 0),
-                         ("hard_label_weight", self.hard_label_weight >= 0),
-                         ("val_fraction", 0 < self.val_fraction < 1),
-                         ("prompts_per_set", self.prompts_per_set is None or self.prompts_per_set >= 1)):
-            if not ok:
-                raise SelfspecError(f"kangaroo.train.{name}={getattr(self, name)!r} is out of range")
+from selfspec.settings import DataSettings, RunSettings, TrainSettings
 
 
 @dataclass
@@ -63,16 +40,14 @@ class TrainingSequence:
     final: torch.Tensor  # (L, hidden): its final normed hidden state
 
 
-def train_from_config(cfg, out_dir: Path) -> Path:
+def train(run: RunSettings, out_dir: Path) -> Path:
     """The kangaroo_train task; returns the path of adapter.pt."""
-    print(OmegaConf.to_yaml(cfg, resolve=True))
-    torch.manual_seed(cfg.seed)
-    kcfg = cfg.kangaroo
-    settings = TrainSettings(**{**OmegaConf.to_container(kcfg.train), "sets": tuple(kcfg.train.sets)})
-    work_dir = _work_dir(kcfg.get("resume"), out_dir)
-    loaded = load_model(cfg.model)
-    exit_layer = check_exit_layer(kcfg.exit_layer, num_layers(loaded.model))
-    prompts = train_prompts(settings.sets, settings.prompts_per_set, cfg.data)
+    torch.manual_seed(run.seed)
+    settings = run.kangaroo.train
+    work_dir = _work_dir(run.kangaroo.resume, out_dir)
+    loaded = load_model(run.model)
+    exit_layer = check_exit_layer(run.kangaroo.exit_layer, num_layers(loaded.model))
+    prompts = train_prompts(settings.sets, settings.prompts_per_set, run.data)
     prompt_ids = [encode_prompt(loaded.tokenizer, p) for p in prompts]
     sequences = collect(loaded.model, prompt_ids, exit_layer, settings.max_new_tokens, work_dir / "kangaroo_data",
                         loaded.tokenizer.eos_token_id)
@@ -82,7 +57,7 @@ def train_from_config(cfg, out_dir: Path) -> Path:
     print(f"\nkangaroo adapter for {loaded.name}, exit layer {exit_layer}: epoch {best['epoch']}, val loss "
           f"{best['val_loss']:.4f} (untrained {history[0]['val_loss']:.4f}), val agreement "
           f"{best['val_agreement']:.3f} (untrained {history[0]['val_agreement']:.3f})\nsaved: {adapter_path}\n"
-          f"benchmark it: python run.py model={cfg.model.name} 'strategies=[plain,kangaroo]' "
+          f"benchmark it: python run.py model={run.model.name} 'strategies=[plain,kangaroo]' "
           f"kangaroo.adapter_path={adapter_path}")
     return adapter_path
 
@@ -97,20 +72,18 @@ def _work_dir(resume, out_dir: Path) -> Path:
     return resume
 
 
-def train_prompts(sets, per_set: int | None, eval_data=None) -> list[Prompt]:
+def train_prompts(sets, per_set: int | None, eval_data: DataSettings | None = None) -> list[Prompt]:
     """The first `per_set` prompts of the second half of each set; warns if some are evaluation prompts."""
     prompts = []
     for name in sets:
         every = load_prompts(name)
         prompts += every[len(every) // 2:][:per_set]
     if eval_data is not None:
-        names = eval_data.name if OmegaConf.is_list(eval_data.name) else [eval_data.name]
-        evaluated = {p.question_id for name in names if name in sets
-                     for p in load_prompts(name, limit=eval_data.get("limit"))}
+        evaluated = {p.question_id for p in load_prompt_set(eval_data)}
         shared = evaluated & {p.question_id for p in prompts}
         if shared:
             print(f"kangaroo: warning: {len(shared)} training prompts are also evaluation prompts "
-                  f"(data.limit={eval_data.get('limit')}); lower kangaroo.train.prompts_per_set or data.limit")
+                  f"(data.limit={eval_data.limit}); lower kangaroo.train.prompts_per_set or data.limit")
     return prompts
 
 

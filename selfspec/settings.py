@@ -7,6 +7,7 @@ that names the full key and what is allowed. Only this module and the entry poin
 """
 
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional, TypeVar
 
@@ -75,6 +76,9 @@ class ModelSettings:
     def __post_init__(self):
         one_of("source", self.source, MODEL_SOURCES)
         one_of("dtype", self.dtype, DTYPES)
+        if self.source in ("smollm2", "gemma3_270m") and not self.cache_dir:
+            raise SelfspecError(f"cache_dir={self.cache_dir!r}: source {self.source} needs a folder for its converted "
+                                f"weights")
         if self.source == "tiny":
             one_of("family", self.family, TINY_FAMILIES)
             for name in ("num_layers", "hidden_size", "sliding_window"):
@@ -197,18 +201,18 @@ class HFSettings:
                                 f"0 drafts a fixed length")
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True)
 class TrainSettings:
-    """The `kangaroo.train` block."""
-    sets: list[str]
-    prompts_per_set: Optional[int] = None  # from the second half of each set; None = all of it
-    max_new_tokens: int
-    epochs: int
-    lr: float
-    weight_decay: float
-    hard_label_weight: float
-    val_fraction: float
-    seed: int
+    """The `kangaroo.train` block (its defaults are the API's, for code that trains without the config)."""
+    sets: tuple[str, ...] = ("humaneval", "chat", "summarize")
+    prompts_per_set: Optional[int] = 32  # from the second half of each set; None = all of it
+    max_new_tokens: int = 64
+    epochs: int = 8
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    hard_label_weight: float = 0.0
+    val_fraction: float = 0.1
+    seed: int = 0
 
     def __post_init__(self):
         for name, ok in (("epochs", self.epochs >= 1), ("max_new_tokens", self.max_new_tokens >= 1),
@@ -264,7 +268,7 @@ def typed(cls: type[T], values, key: str) -> T:
     value out of range raises one SelfspecError line that names `key`.<field>."""
     prefix = f"{key}." if key else ""
     schema = OmegaConf.structured(cls)
-    OmegaConf.set_readonly(schema, False)
+    _writable(schema)
     try:
         return OmegaConf.to_object(OmegaConf.merge(schema, values))
     except MissingMandatoryValue as error:
@@ -272,7 +276,34 @@ def typed(cls: type[T], values, key: str) -> T:
     except OmegaConfBaseException as error:
         raise SelfspecError(_type_error(error, prefix)) from None
     except SelfspecError as error:
-        raise SelfspecError(f"{prefix}{error}") from None
+        raise named_error(error, key) from None
+
+
+def _writable(node: DictConfig) -> None:
+    """Frozen dataclasses give read-only schema nodes; the merge must write into them."""
+    OmegaConf.set_readonly(node, False)
+    for key in node:
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and not child._is_none():
+            _writable(child)
+
+
+@contextmanager
+def named(key: str):
+    """Inside the block, a SelfspecError about a field (`attn: ...`, `threshold=...`) is raised again with the
+    config key in front (`skip.attn: ...`): core modules name their own parameters, the edge names the key."""
+    try:
+        yield
+    except SelfspecError as error:
+        raise named_error(error, key) from None
+
+
+def named_error(error: SelfspecError, key: str) -> SelfspecError:
+    message = str(error)
+    if not key:
+        return SelfspecError(message)
+    about_a_field = re.match(r"[a-z_]+(\[\d+\])?[=:]", message)
+    return SelfspecError(f"{key}{'.' if about_a_field else ': '}{message}")
 
 
 def _type_error(error: OmegaConfBaseException, prefix: str) -> str:
@@ -286,7 +317,7 @@ def _type_error(error: OmegaConfBaseException, prefix: str) -> str:
     wanted = re.search(r"could not be converted to (\w+)", message)
     if wanted:
         words = {"Integer": "an integer", "Float": "a number", "Boolean": "true or false", "String": "text"}
-        value = re.match(r"Value '(.*)' (of type|could not)", message)
+        value = re.match(r"Value '(.*?)' (of type|could not|is not)", message)
         return f"{where}={value.group(1) if value else '?'} is not allowed; it must be {words.get(wanted[1], wanted[1])}"
     return f"{where}: {message}"
 

@@ -3,11 +3,21 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 
 from selfspec.models.tiny import byte_tokenizer, tiny_model
+from selfspec.settings import RunSettings, from_config
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
 
 sys.path.insert(0, str(Path(__file__).parent))  # test helpers (wandb_history)
 torch.set_num_threads(2)
+
+
+def run_settings(*overrides: str) -> RunSettings:
+    """The typed settings `python run.py <overrides>` would run with."""
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        return from_config(compose("config", overrides=list(overrides)))
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,8 @@ import torch
 from scipy.stats import chisquare
 
 from selfspec.decoding.draft_exit import AdaptiveExit, DraftExit, ThresholdExit
-from selfspec.decoding.drafters import HybridDrafter, ModelDrafter, NgramDrafter, SelfDrafter, ngram_continuation
+from selfspec.decoding.drafters import (GenerationContext, HybridDrafter, ModelDrafter, NgramDrafter, SelfDrafter,
+                                        ngram_continuation)
 from selfspec.decoding.sampling import SamplingSettings, logits_processor
 from selfspec.decoding.speculative import generate, prefill, speculative_step
 from selfspec.errors import SelfspecError
@@ -46,7 +47,7 @@ def test_self_speculative_greedy_equals_plain_for_random_skip_sets(tiny, prompt)
     rng = random.Random(0)
     for _ in range(12):
         skip, policy = random_setup(rng)
-        result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip), policy)
+        result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip, policy))
         assert result.new_tokens == plain, (skip, policy)
         assert sum(s.emitted for s in result.steps) == 59  # the prefill emits the first token
 
@@ -58,7 +59,7 @@ def test_greedy_equality_with_repetition_penalty(tiny, prompt):
                         max_new_tokens=40, do_sample=False, repetition_penalty=1.3, eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
     assert plain == out
     for skip in ([1], [4]):
-        result = generate(tiny, prompt, settings, SelfDrafter(tiny, make_skip_set(skip, skip, 6)), DraftExit(5))
+        result = generate(tiny, prompt, settings, SelfDrafter(tiny, make_skip_set(skip, skip, 6), DraftExit(5)))
         assert result.new_tokens == plain
 
 
@@ -66,14 +67,14 @@ def test_eos_inside_a_draft_and_length_reached_mid_draft(tiny, prompt):
     plain = generate(tiny, prompt, GREEDY).new_tokens
     eos = plain[25]  # some token the model emits: generation must stop at its first occurrence
     expected = plain[: plain.index(eos) + 1]
-    perfect = ModelDrafter(tiny)  # drafts with the full model: every draft accepted, EOS lands inside a draft
-    for drafter in (perfect, SelfDrafter(tiny, make_skip_set([2], [3], 6))):
-        result = generate(tiny, prompt, GREEDY, drafter, DraftExit(8), eos_token_id=eos)
+    perfect = ModelDrafter(tiny, DraftExit(8))  # drafts with the full model: every draft accepted, EOS inside a draft
+    for drafter in (perfect, SelfDrafter(tiny, make_skip_set([2], [3], 6), DraftExit(8))):
+        result = generate(tiny, prompt, GREEDY, drafter, eos_token_id=eos)
         assert result.new_tokens == expected
         assert hf_greedy(tiny, prompt, 60, eos=eos) == expected
     for n in (1, 2, 13, 17):  # 8-token drafts would overshoot these lengths
         short = SamplingSettings(max_new_tokens=n)
-        result = generate(tiny, prompt, short, perfect, DraftExit(8))
+        result = generate(tiny, prompt, short, perfect)
         assert result.new_tokens == plain[:n]
         assert max(s.drafted for s in result.steps or [DraftExit()]) <= 8 if result.steps else n == 1
 
@@ -83,19 +84,19 @@ def test_two_model_speculative_greedy_equals_plain(tiny, prompt):
     family = "gemma2" if tiny.config.model_type == "gemma2" else "llama"
     small = tiny_model(family, num_layers=2, seed=1).double()
     for policy in (DraftExit(3), ThresholdExit(6, 0.3), AdaptiveExit(6, 0.8)):
-        assert generate(tiny, prompt, GREEDY, ModelDrafter(small), policy).new_tokens == plain
-    assert generate(tiny, prompt, GREEDY, ModelDrafter(tiny), DraftExit(4)).acceptance_rate == 1.0
+        assert generate(tiny, prompt, GREEDY, ModelDrafter(small, policy)).new_tokens == plain
+    assert generate(tiny, prompt, GREEDY, ModelDrafter(tiny, DraftExit(4))).acceptance_rate == 1.0
 
 
 def test_cache_holds_exactly_the_kept_tokens_after_every_step(tiny, prompt):
     settings = SamplingSettings(max_new_tokens=40)
-    processor = logits_processor(settings)
     cache = new_cache(tiny, 100)
-    drafter, policy = SelfDrafter(tiny, make_skip_set([1, 3], [2], 6)), DraftExit(5)
-    tokens = prompt + [prefill(tiny, cache, prompt, processor, settings, None)[0]]
+    context = GenerationContext(cache, settings)
+    drafter = SelfDrafter(tiny, make_skip_set([1, 3], [2], 6), DraftExit(5))
+    drafter.begin(context)
+    tokens = prompt + [prefill(tiny, context, prompt)[0]]
     while len(tokens) - len(prompt) < 40:
-        new, step = speculative_step(tiny, cache, tokens, 40 - (len(tokens) - len(prompt)), drafter, policy,
-                                     processor, settings, None, None)
+        new, step = speculative_step(tiny, context, tokens, 40 - (len(tokens) - len(prompt)), drafter)
         tokens += new
         kept = len(tokens) - 1  # the last token is fed by the next step
         fresh = new_cache(tiny, 100)
@@ -128,8 +129,8 @@ def test_hybrid_and_prompt_lookup_greedy_equal_plain(tiny, tokenizer):
     for _ in range(4):
         skip, policy = random_setup(rng)
         ngram = NgramDrafter(tiny, rng.randint(1, 3), rng.randint(1, 10))
-        for drafter in (ngram, HybridDrafter(ngram, SelfDrafter(tiny, skip))):
-            result = generate(tiny, prompt, GREEDY, drafter, policy)
+        for drafter in (ngram, HybridDrafter(ngram, SelfDrafter(tiny, skip, policy))):
+            result = generate(tiny, prompt, GREEDY, drafter)
             assert result.new_tokens == plain, (skip, policy, drafter)
             assert "ngram" in {s.source for s in result.steps}
 
@@ -137,24 +138,24 @@ def test_hybrid_and_prompt_lookup_greedy_equal_plain(tiny, tokenizer):
 def test_target_gate_at_one_never_drafts_and_at_zero_changes_nothing(tiny, prompt):
     plain = generate(tiny, prompt, GREEDY)
     skip = make_skip_set([1], [2], 6)
-    closed = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip), DraftExit(3), target_gate=1.0)
+    closed = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip, DraftExit(3)), target_gate=1.0)
     assert closed.new_tokens == plain.new_tokens
     assert closed.drafted == 0 and len(closed.steps) == len(plain.steps) == closed.gated_steps
-    ungated = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip), AdaptiveExit(6))
-    open_gate = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip), AdaptiveExit(6), target_gate=0.0)
+    ungated = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip, AdaptiveExit(6)))
+    open_gate = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip, AdaptiveExit(6)), target_gate=0.0)
     assert open_gate.new_tokens == ungated.new_tokens == plain.new_tokens and open_gate.gated_steps == 0
     assert [(s.drafted, s.accepted) for s in open_gate.steps] == [(s.drafted, s.accepted) for s in ungated.steps]
 
 
 def test_target_gate_drafts_only_after_confident_steps(tiny, prompt):
     gate = 0.2
-    result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, make_skip_set([1], [], 6)), DraftExit(3), target_gate=gate)
+    result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, make_skip_set([1], [], 6), DraftExit(3)), target_gate=gate)
     assert result.new_tokens == generate(tiny, prompt, GREEDY).new_tokens
     for before, step in zip(result.steps, result.steps[1:]):
         assert step.gated == (before.target_confidence <= gate) and (step.drafted == 0 or not step.gated)
     assert 0 < result.gated_steps < len(result.steps)
-    with pytest.raises(SelfspecError, match=r"draft.target_gate=1.5 is outside \[0, 1\]"):
-        generate(tiny, prompt, GREEDY, SelfDrafter(tiny, make_skip_set([1], [], 6)), DraftExit(3), target_gate=1.5)
+    with pytest.raises(SelfspecError, match=r"target_gate=1.5 is outside \[0, 1\]"):
+        generate(tiny, prompt, GREEDY, SelfDrafter(tiny, make_skip_set([1], [], 6), DraftExit(3)), target_gate=1.5)
 
 
 def test_empty_prompt_is_rejected(tiny):
@@ -213,14 +214,14 @@ def test_speculative_sampling_matches_the_full_models_distribution(drafter_kind)
     model = tiny_model("llama", num_layers=2, hidden_size=32, seed=3, init_std=0.3).double()
     settings = SamplingSettings(temperature=1.0, top_k=3, max_new_tokens=3)
     prompt = [173, 238, 48, 35, 124] if drafter_kind == "hybrid" else [5, 40, 77]
-    skip_drafter = SelfDrafter(model, make_skip_set([], [1], 2))
-    drafter = {"self": skip_drafter, "two_model": ModelDrafter(perturbed_copy(model)),
+    skip_drafter = SelfDrafter(model, make_skip_set([], [1], 2), DraftExit(2))
+    drafter = {"self": skip_drafter, "two_model": ModelDrafter(perturbed_copy(model), DraftExit(2)),
                "hybrid": HybridDrafter(NgramDrafter(model, 2, 2), skip_drafter)}[drafter_kind]
     exact = exact_pair_distribution(model, prompt, settings)
     gen = torch.Generator().manual_seed(0)
     n, counts, drafted, accepted, sources = 3000, {}, 0, 0, set()
     for _ in range(n):
-        result = generate(model, prompt, settings, drafter, DraftExit(2), generator=gen)
+        result = generate(model, prompt, settings, drafter, generator=gen)
         key = tuple(result.new_tokens[1:3])
         counts[key] = counts.get(key, 0) + 1
         drafted, accepted = drafted + result.drafted, accepted + result.accepted
@@ -239,7 +240,7 @@ def test_reduced_draft_vocabulary_keeps_greedy_output(tiny, prompt, tokenizer):
     head = make_draft_head(tiny, tokenizer, 64)
     assert len(head.token_ids) == 64
     for skip in ([], [2]):
-        result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, make_skip_set(skip, [], 6), head), DraftExit(4))
+        result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, make_skip_set(skip, [], 6), DraftExit(4), head))
         assert result.new_tokens == plain and result.drafted > 0
 
 
@@ -251,12 +252,12 @@ def test_speculative_sampling_with_a_reduced_draft_vocabulary_is_exact():
     model = tiny_model("llama", num_layers=2, hidden_size=32, seed=3, init_std=0.3).double()
     settings = SamplingSettings(temperature=1.0, top_k=3, max_new_tokens=3)
     head = make_draft_head(model, byte_tokenizer(), 40)
-    drafter = SelfDrafter(model, make_skip_set([], [], 2), head)
+    drafter = SelfDrafter(model, make_skip_set([], [], 2), DraftExit(2), head)
     exact = exact_pair_distribution(model, [5, 40, 77], settings)
     gen = torch.Generator().manual_seed(1)
     n, counts = 3000, {}
     for _ in range(n):
-        key = tuple(generate(model, [5, 40, 77], settings, drafter, DraftExit(2), generator=gen).new_tokens[1:3])
+        key = tuple(generate(model, [5, 40, 77], settings, drafter, generator=gen).new_tokens[1:3])
         counts[key] = counts.get(key, 0) + 1
     assert set(counts) <= set(exact)
     assert chi_square_pvalue(counts, exact) > 0.001

@@ -35,10 +35,10 @@ def test_fixed_policy_never_stops():
 
 
 @pytest.mark.parametrize("make,message", [
-    (lambda: ThresholdExit(4, 1.2), "draft.threshold=1.2 is outside [0, 1]"),
-    (lambda: ThresholdExit(4, -0.1), "draft.threshold=-0.1 is outside [0, 1]"),
-    (lambda: AdaptiveExit(4, 0.8, beta2=2.0), "draft.beta2=2.0 is outside [0, 1]"),
-    (lambda: DraftExit(0), "draft.max_tokens=0 must be >= 1"),
+    (lambda: ThresholdExit(4, 1.2), "threshold=1.2 is outside [0, 1]"),
+    (lambda: ThresholdExit(4, -0.1), "threshold=-0.1 is outside [0, 1]"),
+    (lambda: AdaptiveExit(4, 0.8, beta2=2.0), "beta2=2.0 is outside [0, 1]"),
+    (lambda: DraftExit(0), "max_tokens=0 must be >= 1"),
 ])
 def test_bad_policy_settings(make, message):
     with pytest.raises(SelfspecError) as error:

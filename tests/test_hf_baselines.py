@@ -4,12 +4,14 @@ import copy
 
 import pytest
 import torch
+from conftest import run_settings
 
 from selfspec.data import encode_prompt, load_prompts
-from selfspec.decoding.hf_baselines import HF_STRATEGIES, make_hf_strategy, measure_peak_memory
+from selfspec.decoding.hf_baselines import HF_STRATEGIES, make_hf_strategy
 from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.strategies import Strategy, make_strategy
 from selfspec.errors import SelfspecError
+from selfspec.evaluate import measure_peak_memory
 from selfspec.models.loading import load_model
 from selfspec.models.skip import make_skip_set
 from selfspec.models.tiny import tiny_model
@@ -104,7 +106,7 @@ def test_self_speculation_holds_no_second_copy_of_the_weights(tokenizer):
     ids = tokenizer("def fibonacci(n):\n    ").input_ids
     settings = SamplingSettings(max_new_tokens=24)
     self_spec = make_strategy("self_spec_fixed", model, settings, None, make_skip_set([1], [2], 4),
-                              {"policy": "fixed", "max_tokens": 4})
+                              run_settings("draft=fixed", "draft.max_tokens=4").draft)
     self_spec.generate(ids)  # warm-up: lazy allocations that later runs reuse
     result, grown_mb = measure_peak_memory(lambda: self_spec.generate(ids))
     assert len(result.new_tokens) == 24 and grown_mb < 0.25 * weights_mb
@@ -115,7 +117,7 @@ def test_self_speculation_holds_no_second_copy_of_the_weights(tokenizer):
 
 @pytest.mark.slow
 def test_smollm2_early_exit_drafts_and_matches_plain():
-    loaded = load_model({"name": "smollm2", "source": "smollm2"})
+    loaded = load_model(run_settings("model=smollm2").model)
     model, eos = loaded.model, loaded.tokenizer.eos_token_id
     ids = encode_prompt(loaded.tokenizer, load_prompts("humaneval", limit=1)[0])
     settings = SamplingSettings(max_new_tokens=24)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from selfspec.decoding.draft_exit import AdaptiveExit, DraftExit, ThresholdExit
-from selfspec.decoding.kangaroo import KangarooDrafter, adapter_hidden
+from selfspec.decoding.drafters.kangaroo import KangarooDrafter, adapter_hidden
 from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
@@ -42,7 +42,7 @@ def test_untrained_adapter_after_all_but_the_last_layer_drafts_like_the_full_mod
     """The adapter then is the model's last layer and final norm: every draft must be accepted, which holds only
     if the adapter's cache gets the full model's shallow states of every verified token (past gemma2's window)."""
     plain = generate(tiny, prompt, GREEDY).new_tokens
-    result = generate(tiny, prompt, GREEDY, KangarooDrafter(tiny, new_adapter(tiny, 5), 5), DraftExit(5))
+    result = generate(tiny, prompt, GREEDY, KangarooDrafter(tiny, new_adapter(tiny, 5), 5, DraftExit(5)))
     assert result.new_tokens == plain
     assert result.acceptance_rate == 1.0 and result.mean_accepted_tokens > 5
 
@@ -53,20 +53,20 @@ def test_kangaroo_greedy_equals_plain_for_exit_layers_and_policies(tiny, prompt)
     policies = [DraftExit(rng.randint(1, 8)), ThresholdExit(rng.randint(1, 8), rng.random()),
                 AdaptiveExit(rng.randint(1, 12), rng.random()), DraftExit(rng.randint(1, 8))]
     for exit_layer, policy in zip((1, 2, 4, 5), policies):
-        drafter = KangarooDrafter(tiny, noisy_adapter(tiny, exit_layer, seed=exit_layer), exit_layer)
-        result = generate(tiny, prompt, GREEDY, drafter, policy)
+        drafter = KangarooDrafter(tiny, noisy_adapter(tiny, exit_layer, seed=exit_layer), exit_layer, policy)
+        result = generate(tiny, prompt, GREEDY, drafter)
         assert result.new_tokens == plain, (exit_layer, policy)
         assert sum(s.emitted for s in result.steps) == 59 and result.drafted > 0
 
 
 def test_the_hook_goes_away_when_another_generation_runs(tiny, prompt):
-    drafter = KangarooDrafter(tiny, noisy_adapter(tiny, 3), 3)
+    drafter = KangarooDrafter(tiny, noisy_adapter(tiny, 3), 3, DraftExit(3))
     layer = decoder_layers(tiny)[2]
-    generate(tiny, prompt, SamplingSettings(max_new_tokens=8), drafter, DraftExit(3))
+    generate(tiny, prompt, SamplingSettings(max_new_tokens=8), drafter)
     assert len(layer._forward_hooks) == 1
     plain = generate(tiny, prompt, SamplingSettings(max_new_tokens=8))  # another cache: the hook removes itself
     assert len(layer._forward_hooks) == 0 and drafter.cache is None
-    again = generate(tiny, prompt, SamplingSettings(max_new_tokens=8), drafter, DraftExit(3))
+    again = generate(tiny, prompt, SamplingSettings(max_new_tokens=8), drafter)
     assert again.new_tokens == plain.new_tokens
 
 
@@ -75,12 +75,12 @@ def test_kangaroo_sampling_matches_the_full_models_distribution():
     model = tiny_model("llama", num_layers=2, hidden_size=32, seed=3, init_std=0.3).double()
     settings = SamplingSettings(temperature=1.0, top_k=3, max_new_tokens=3)
     prompt = [5, 40, 77]
-    drafter = KangarooDrafter(model, noisy_adapter(model, 1), 1)
+    drafter = KangarooDrafter(model, noisy_adapter(model, 1), 1, DraftExit(2))
     exact = exact_pair_distribution(model, prompt, settings)
     gen = torch.Generator().manual_seed(0)
     counts, drafted, accepted = {}, 0, 0
     for _ in range(3000):
-        result = generate(model, prompt, settings, drafter, DraftExit(2), generator=gen)
+        result = generate(model, prompt, settings, drafter, generator=gen)
         key = tuple(result.new_tokens[1:3])
         counts[key] = counts.get(key, 0) + 1
         drafted, accepted = drafted + result.drafted, accepted + result.accepted

@@ -8,25 +8,25 @@ import time
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from selfspec.errors import SelfspecError
 from selfspec.models import loading
 from selfspec.models.loading import load_model
 from selfspec.models.tiny import byte_tokenizer, tiny_model
+from selfspec.settings import ModelSettings, typed
 
 TINY = dict(family="llama", num_layers=3, hidden_size=32, sliding_window=8, seed=0)
 
 
-def cfg(source="tiny", **overrides):
-    return dict(name="m", source=source, path=None, dtype="float32", device="cpu", cache_dir="~/.cache/selfspec",
-                **TINY) | overrides
+def cfg(source="tiny", **overrides) -> ModelSettings:
+    return typed(ModelSettings, dict(name="m", source=source, path=None, dtype="float32", device="cpu",
+                                     cache_dir="~/.cache/selfspec", **TINY) | overrides, "model")
 
 
 @pytest.mark.parametrize("family, dtype, attn", [("llama", "float32", "sdpa"), ("gemma2", "bfloat16", "eager")])
 def test_tiny_model_has_requested_shape_dtype_and_attention(family, dtype, attn):
-    lm = load_model(OmegaConf.create(cfg(family=family, num_layers=5, dtype=dtype)))
+    lm = load_model(cfg(family=family, num_layers=5, dtype=dtype))
     assert lm.name == "m" and not lm.model.training
     assert len(lm.model.model.layers) == 5
     assert lm.model.dtype == getattr(torch, dtype)

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import run_settings
 
 from selfspec.data import encode_prompt, load_prompts
 from selfspec.decoding.draft_exit import AdaptiveExit, DraftExit
@@ -17,7 +18,7 @@ SETTINGS = SamplingSettings(max_new_tokens=48)
 
 @pytest.fixture(scope="module")
 def smollm2():
-    return load_model({"name": "smollm2", "source": "smollm2"})
+    return load_model(run_settings("model=smollm2").model)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def test_self_speculative_greedy_equals_plain(smollm2, prompts, attn, mlp, polic
     model, eos = smollm2.model, smollm2.tokenizer.eos_token_id
     for ids in prompts:
         plain = generate(model, ids, SETTINGS, eos_token_id=eos).new_tokens
-        result = generate(model, ids, SETTINGS, SelfDrafter(model, make_skip_set(attn, mlp, 30)), policy,
+        result = generate(model, ids, SETTINGS, SelfDrafter(model, make_skip_set(attn, mlp, 30), policy),
                           eos_token_id=eos)
         assert result.new_tokens == plain
         assert result.drafted > 0

@@ -1,4 +1,4 @@
-"""Hugging Face `generate` baselines behind our Strategy interface, and a peak-memory probe for any strategy.
+"""Hugging Face `generate` baselines behind our Strategy interface.
 
 Names (summary.json keys): `hf_generate` (plain `model.generate`), `hf_prompt_lookup` (n-gram drafts copied from the
 prompt), `hf_early_exit` (the model's first layers draft, HF `assistant_early_exit`), `hf_assistant` (a separate
@@ -8,13 +8,9 @@ Per-step records come from timing the candidate generator HF builds for the call
 (hf_generate); in assisted modes the prefill is the first step's verify forward, so `prefill_s` is 0 there.
 """
 
-import ctypes
-import sys
 import time
-from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
 
 import torch
 from transformers.generation.streamers import BaseStreamer
@@ -26,7 +22,6 @@ from selfspec.models.skip import num_layers
 
 HF_STRATEGIES = ("hf_generate", "hf_prompt_lookup", "hf_early_exit", "hf_assistant")
 PROMPT_LOOKUP_TOKENS = 10
-T = TypeVar("T")
 
 
 @dataclass
@@ -114,34 +109,6 @@ def make_hf_strategy(name: str, model, settings: SamplingSettings, eos_token_id,
     return HFStrategy(name, model, settings, eos_token_id, draft_model=draft_model, **common)
 
 
-def measure_peak_memory(run: Callable[[], T], device: torch.device | str = "cpu") -> tuple[T, float | None]:
-    """`run()`'s result and the peak memory growth during it, in MiB above the level at its start.
-
-    CUDA: `torch.cuda.max_memory_allocated` (tensors only). CPU: the process's peak RSS (Linux VmHWM, reset through
-    /proc/self/clear_refs), after returning freed heap to the OS so reused memory counts as growth again; other
-    threads' allocations count too. None where neither is available (CPU off Linux, or /proc not writable).
-    """
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
-        result = run()
-        torch.cuda.synchronize(device)
-        return result, (torch.cuda.max_memory_allocated(device) - before) / 2**20
-    if not sys.platform.startswith("linux"):
-        return run(), None
-    _return_free_heap()
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # 5: reset the peak RSS to the current RSS
-    except OSError:
-        return run(), None
-    before = _proc_status_kb("VmRSS")
-    result = run()
-    return result, (_proc_status_kb("VmHWM") - before) / 1024
-
-
 class _TokenTimes(BaseStreamer):
     """Records when HF hands over tokens: first the prompt, then each forward's new token(s)."""
 
@@ -214,15 +181,3 @@ def _seeded(generator: torch.Generator | None, device: torch.device):
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(generator.initial_seed())
         yield
-
-
-def _return_free_heap() -> None:
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc
-        pass
-
-
-def _proc_status_kb(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))

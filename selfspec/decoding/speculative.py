@@ -9,11 +9,9 @@ import time
 
 import torch
 
-from selfspec.decoding.draft_exit import DraftExit
-from selfspec.decoding.drafters import NGRAM, Draft
+from selfspec.decoding.drafters import Draft, Drafter, GenerationContext
 from selfspec.decoding.results import GenerationResult, StepRecord
-from selfspec.decoding.sampling import (SamplingSettings, accept_probability, logits_processor, residual, sample,
-                                        scores)
+from selfspec.decoding.sampling import SamplingSettings, accept_probability, residual, sample, scores
 from selfspec.errors import SelfspecError
 from selfspec.models.cache import forward, new_cache
 
@@ -48,70 +46,66 @@ def verify_sampled(draft_tokens: list[int], q: torch.Tensor, p: torch.Tensor, ge
     return k, sample(p[k], generator)
 
 
-def generate(model, prompt: list[int], settings: SamplingSettings, drafter=None, exit_policy: DraftExit | None = None,
+def generate(model, prompt: list[int], settings: SamplingSettings, drafter: Drafter | None = None,
              eos_token_id: int | None = None, generator: torch.Generator | None = None,
              target_gate: float | None = None) -> GenerationResult:
-    """Generate up to settings.max_new_tokens tokens after `prompt` (batch size 1), stopping at EOS."""
+    """Generate up to settings.max_new_tokens tokens after `prompt` (batch size 1), stopping at EOS; plain
+    decoding without a drafter."""
     if not prompt:
         raise SelfspecError("empty prompt: it must hold at least one token")
     if target_gate is not None and not 0.0 <= target_gate <= 1.0:
-        raise SelfspecError(f"draft.target_gate={target_gate} is outside [0, 1]")
-    max_draft = exit_policy.max_tokens if drafter is not None else 0
-    max_len = len(prompt) + settings.max_new_tokens + max_draft + 1
-    processor = logits_processor(settings)
-    cache = new_cache(model, max_len)
+        raise SelfspecError(f"target_gate={target_gate} is outside [0, 1]")
+    max_len = len(prompt) + settings.max_new_tokens + (drafter.max_tokens if drafter is not None else 0) + 1
+    context = GenerationContext(new_cache(model, max_len), settings, generator, eos_token_id)
     if drafter is not None:
-        drafter.start(len(prompt), max_len)
+        drafter.begin(context)
 
     start = time.perf_counter()
-    first, confidence = prefill(model, cache, prompt, processor, settings, generator)
+    first, confidence = prefill(model, context, prompt)
     tokens = prompt + [first]
     prefill_s = time.perf_counter() - start
     steps = []
     while tokens[-1] != eos_token_id and len(tokens) - len(prompt) < settings.max_new_tokens:
         remaining = settings.max_new_tokens - (len(tokens) - len(prompt))
         gated = drafter is not None and target_gate is not None and confidence <= target_gate
-        new, step = speculative_step(model, cache, tokens, remaining, None if gated else drafter, exit_policy,
-                                     processor, settings, generator, eos_token_id)
-        step.gated = gated
+        new, step = speculative_step(model, context, tokens, remaining, drafter, gated)
         confidence = step.target_confidence
         tokens += new
         steps.append(step)
     return GenerationResult(tokens[len(prompt):], time.perf_counter() - start, prefill_s, steps)
 
 
-def prefill(model, cache, prompt: list[int], processor, settings: SamplingSettings, generator) -> tuple[int, float]:
+def prefill(model, context: GenerationContext, prompt: list[int]) -> tuple[int, float]:
     """Run the prompt through the full model; return the first new token and its probability."""
-    logits = forward(model, cache, prompt, 0, last_only=True)  # (1, vocab)
-    probs = torch.softmax(scores(logits, prompt, len(prompt), processor)[0], dim=-1)  # (vocab,)
-    token = int(probs.argmax()) if settings.greedy else sample(probs, generator)
+    logits = forward(model, context.cache, prompt, 0, last_only=True)  # (1, vocab)
+    probs = torch.softmax(scores(logits, prompt, len(prompt), context.processor)[0], dim=-1)  # (vocab,)
+    token = int(probs.argmax()) if context.settings.greedy else sample(probs, context.generator)
     return token, float(probs[token])
 
 
-def speculative_step(model, cache, tokens: list[int], remaining: int, drafter, exit_policy, processor,
-                     settings: SamplingSettings, generator, eos_token_id) -> tuple[list[int], StepRecord]:
-    """Draft, verify [last token, drafts...] in one full-model forward, keep the accepted prefix plus one
-    token; the cache is rewound to the kept length (tokens + new, minus the not yet processed last token)."""
+def speculative_step(model, context: GenerationContext, tokens: list[int], remaining: int, drafter: Drafter | None,
+                     gated: bool = False) -> tuple[list[int], StepRecord]:
+    """Draft (unless `gated`), verify [last token, drafts...] in one full-model forward, keep the accepted prefix
+    plus one token; the cache is rewound to the kept length (tokens + new, minus the not yet processed last
+    token)."""
     t0 = time.perf_counter()
-    k_max = min(exit_policy.max_tokens, remaining - 1) if drafter is not None else 0
-    draft = (drafter.draft(cache, tokens, k_max, exit_policy, settings, generator, eos_token_id)
-             if k_max > 0 else Draft())
+    k_max = min(drafter.max_tokens, remaining - 1) if drafter is not None and not gated else 0
+    draft = drafter.draft(tokens, k_max) if k_max > 0 else Draft()
     t1 = time.perf_counter()
-    verify_logits = forward(model, cache, [tokens[-1]] + draft.tokens, len(tokens) - 1)  # (k+1, vocab)
-    target = scores(verify_logits, tokens + draft.tokens, len(tokens), processor)  # (k+1, vocab)
-    if settings.greedy:
+    verify_logits = forward(model, context.cache, [tokens[-1]] + draft.tokens, len(tokens) - 1)  # (k+1, vocab)
+    target = scores(verify_logits, tokens + draft.tokens, len(tokens), context.processor)  # (k+1, vocab)
+    if context.settings.greedy:
         accepted, next_token = verify_greedy(draft.tokens, target)
     else:
         q = torch.stack(draft.probs) if draft.tokens else None  # (k, vocab)
-        accepted, next_token = verify_sampled(draft.tokens, q, torch.softmax(target, dim=-1), generator)
-    new = _cut(draft.tokens[:accepted] + [next_token], eos_token_id, remaining)
-    cache.rewind(len(tokens) + len(new) - 1)
-    threshold = exit_policy.threshold if exit_policy is not None else 0.0
+        accepted, next_token = verify_sampled(draft.tokens, q, torch.softmax(target, dim=-1), context.generator)
+    new = _cut(draft.tokens[:accepted] + [next_token], context.eos_token_id, remaining)
+    context.cache.rewind(len(tokens) + len(new) - 1)
     confidence = float(torch.softmax(target[accepted], dim=-1)[next_token])  # the full model's p(next token)
-    step = StepRecord(len(draft.tokens), accepted, len(new), threshold, t1 - t0, time.perf_counter() - t1,
-                      draft.source if draft.tokens else "", confidence)
-    if exit_policy is not None and draft.source != NGRAM:
-        exit_policy.update(len(draft.tokens), accepted)
+    step = StepRecord(len(draft.tokens), accepted, len(new), drafter.threshold if drafter is not None else 0.0,
+                      t1 - t0, time.perf_counter() - t1, draft.source if draft.tokens else "", confidence, gated)
+    if draft.tokens:
+        drafter.update(len(draft.tokens), accepted)
     return new, step
 
 

@@ -17,41 +17,32 @@ from transformers.utils import cached_file
 
 from selfspec.errors import SelfspecError
 from selfspec.models.tiny import byte_tokenizer, tiny_model
+from selfspec.settings import ModelSettings
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-SOURCES = ("smollm2", "gemma3_270m", "hub", "tiny")
-TINY_FAMILIES = ("llama", "gemma2")
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @dataclass
 class LoadedModel:
     name: str
-    model: PreTrainedModel  # eval mode, on cfg.device, in cfg.dtype
+    model: PreTrainedModel  # eval mode, on settings.device, in settings.dtype
     tokenizer: PreTrainedTokenizerBase
 
 
-def load_model(cfg) -> LoadedModel:
-    """Build the model `cfg` describes (keys: name, source, path, dtype, device, cache_dir; tiny: family, num_layers,
-    hidden_size, sliding_window, seed). Attention is transformers' default (Gemma-2 gets eager: no sdpa there)."""
-    source, dtype_name = cfg["source"], cfg.get("dtype", "float32")
-    if source not in SOURCES:
-        raise SelfspecError(f"model.source={source!r} is unknown; allowed: {', '.join(SOURCES)}")
-    if dtype_name not in DTYPES:
-        raise SelfspecError(f"model.dtype={dtype_name!r} is unknown; allowed: {', '.join(DTYPES)}")
-    dtype, device = DTYPES[dtype_name], _device(cfg.get("device", "cpu"))
-    cache_dir = Path(cfg.get("cache_dir") or "~/.cache/selfspec").expanduser()
-
-    if source == "tiny":
-        if cfg["family"] not in TINY_FAMILIES:
-            raise SelfspecError(f"model.family={cfg['family']!r} is unknown; allowed: {', '.join(TINY_FAMILIES)}")
-        model = tiny_model(cfg["family"], cfg["num_layers"], cfg["hidden_size"], cfg["sliding_window"], cfg["seed"])
+def load_model(settings: ModelSettings) -> LoadedModel:
+    """Build the model `settings` describe. Attention is transformers' default (Gemma-2 gets eager: no sdpa there)."""
+    dtype, device = DTYPES[settings.dtype], _device(settings.device)
+    if settings.source == "tiny":
+        model = tiny_model(settings.family, settings.num_layers, settings.hidden_size, settings.sliding_window,
+                           settings.seed or 0)
         model, tokenizer = model.to(dtype), byte_tokenizer()
     else:
-        folder = _hub_folder(cfg.get("path")) if source == "hub" else _cached_gguf(source, cache_dir)
+        folder = (_hub_folder(settings.path) if settings.source == "hub"
+                  else _cached_gguf(settings.source, Path(settings.cache_dir).expanduser()))
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    return LoadedModel(name=cfg["name"], model=model.to(device).eval(), tokenizer=tokenizer)
+    return LoadedModel(name=settings.name, model=model.to(device).eval(), tokenizer=tokenizer)
 
 
 def _device(name: str) -> torch.device:

@@ -39,12 +39,12 @@ def make_skip_set(attn, mlp, num_layers: int) -> SkipSet:
         ids = list(ids or [])
         for i in ids:
             if isinstance(i, bool) or not isinstance(i, int):
-                raise SelfspecError(f"skip.{kind}: layer id {i!r} is not an integer; allowed: 0..{num_layers - 1}")
+                raise SelfspecError(f"{kind}: layer id {i!r} is not an integer; allowed: 0..{num_layers - 1}")
             if not 0 <= i < num_layers:
-                raise SelfspecError(f"skip.{kind}: layer id {i} is out of range; allowed: 0..{num_layers - 1}")
+                raise SelfspecError(f"{kind}: layer id {i} is out of range; allowed: 0..{num_layers - 1}")
         duplicates = sorted({i for i in ids if ids.count(i) > 1})
         if duplicates:
-            raise SelfspecError(f"skip.{kind}: layer ids {duplicates} appear more than once")
+            raise SelfspecError(f"{kind}: layer ids {duplicates} appear more than once")
         checked[kind] = tuple(sorted(ids))
     if len(checked["attn"]) == len(checked["mlp"]) == num_layers:
         raise SelfspecError(f"skip set skips all {2 * num_layers} sublayers; keep at least one")

@@ -1,5 +1,6 @@
-"""Skip sets from config: inline `{attn, mlp}` lists, or a YAML file written by the search (which may also
-name the draft vocabulary size it was searched with, `draft_vocab_size`)."""
+"""Skip sets from settings: inline `{attn, mlp}` lists, or a YAML file written by the search (which may also
+name the draft vocabulary size it was searched with, `draft_vocab_size`). Errors name the settings field
+(`attn`, `path`, ...); the caller prefixes its config key (`skip.`, `searched_skip.`)."""
 
 from pathlib import Path
 
@@ -7,38 +8,39 @@ import yaml
 
 from selfspec.errors import SelfspecError
 from selfspec.models.skip import SkipSet, make_skip_set
+from selfspec.settings import SkipSettings
 
 
-def skip_from_config(cfg, num_layers: int, group: str = "skip") -> SkipSet:
-    """`cfg` has attn/mlp lists, or `path` to a file with attn, mlp and the num_layers it was searched on."""
-    if cfg.get("path"):
-        return load_skip_file(cfg["path"], num_layers, f"{group}.path")
-    return make_skip_set(list(cfg.get("attn") or []), list(cfg.get("mlp") or []), num_layers)
+def resolve_skip(skip: SkipSettings, num_layers: int) -> tuple[SkipSet, int | None]:
+    """(skip set, draft vocabulary size or None): inline lists, or the file at `skip.path` (its own
+    draft_vocab_size unless the settings give one)."""
+    if not skip.path:
+        return make_skip_set(skip.attn, skip.mlp, num_layers), skip.draft_vocab_size
+    data = _read(skip.path)
+    return _file_skip_set(data, skip.path, num_layers), skip.draft_vocab_size or data.get("draft_vocab_size")
 
 
-def searched_from_config(cfg, num_layers: int) -> tuple[SkipSet, int | None]:
-    """The `searched_skip` block: like `skip` (inline lists or `path`), plus its draft vocabulary size (inline
-    `draft_vocab_size`, else the file's); returns (skip set, draft vocabulary size or None)."""
-    vocab_size = cfg.get("draft_vocab_size")
-    if cfg.get("path") and vocab_size is None:
-        vocab_size = _read(cfg["path"], "searched_skip.path").get("draft_vocab_size")
-    return skip_from_config(cfg, num_layers, "searched_skip"), vocab_size
-
-
-def _read(path: str | Path, key: str) -> dict:
+def _read(path: str | Path) -> dict:
     path = Path(path).expanduser()
     if not path.is_file():
-        raise SelfspecError(f"{key}={str(path)!r} does not exist; give a best_skip.yaml written by the search")
-    return yaml.safe_load(path.read_text()) or {}
+        raise SelfspecError(f"path={str(path)!r} does not exist; give a best_skip.yaml written by the search")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        where = getattr(error, "problem_mark", None)
+        raise SelfspecError(f"path={str(path)!r} is not valid YAML"
+                            + (f" (line {where.line + 1})" if where else "") + "; give a best_skip.yaml") from None
+    if not isinstance(data, dict):
+        raise SelfspecError(f"path={str(path)!r} holds no mapping; give a best_skip.yaml with attn and mlp lists")
+    return data
 
 
-def load_skip_file(path: str | Path, num_layers: int, key: str = "skip.path") -> SkipSet:
-    data = _read(path, key)
-    if "attn" not in data or "mlp" not in data:
-        raise SelfspecError(f"skip file {str(path)!r} has no 'attn'/'mlp' lists")
+def _file_skip_set(data: dict, path: str, num_layers: int) -> SkipSet:
+    if not isinstance(data.get("attn"), list) or not isinstance(data.get("mlp"), list):
+        raise SelfspecError(f"path={path!r}: the file has no 'attn'/'mlp' lists")
     searched_layers = data.get("num_layers", num_layers)
     if searched_layers != num_layers:
-        raise SelfspecError(f"skip file {str(path)!r} was searched on {data.get('model', 'a model')} with "
+        raise SelfspecError(f"path={path!r} was searched on {data.get('model', 'a model')} with "
                             f"{searched_layers} layers; this model has {num_layers}")
     return make_skip_set(data["attn"], data["mlp"], num_layers)
 

@@ -14,26 +14,31 @@ cache below the last kept token, so the full model's entries there stay as the v
 
 import torch
 
-from selfspec.decoding.drafters import Draft, draft_loop
+from selfspec.decoding.draft_exit import DraftExit
+from selfspec.decoding.drafters.base import Draft, ExitPolicyDrafter, GenerationContext
 from selfspec.models.cache import RewindableCache, forward_hidden
 from selfspec.models.output_layer import model_logits
 from selfspec.models.skip import decoder_layers, make_skip_set, num_layers, skipping
 
 
-class KangarooDrafter:
+class KangarooDrafter(ExitPolicyDrafter):
     """The target's first `exit_layer` layers, then `adapter` (models/kangaroo_adapter.py) over its own cache."""
 
-    def __init__(self, model, adapter, exit_layer: int):
+    def __init__(self, model, adapter, exit_layer: int, exit_policy: DraftExit):
+        super().__init__(exit_policy)
         layers = num_layers(model)
         self.model, self.adapter, self.exit_layer = model, adapter, exit_layer
         self.skip = make_skip_set(range(exit_layer, layers), range(exit_layer, layers), layers)  # whole layers
         self.hook, self.cache, self.shallow = None, None, None
 
-    def start(self, prompt_len: int, max_len: int) -> None:
-        """A new generation: a fresh adapter cache, and the hook waits for this generation's first forward
-        (the prefill) to learn which cache is ours."""
+    def begin(self, context: GenerationContext) -> None:
+        """A new generation: a fresh adapter cache, and a hook that keeps the shallow states of every forward over
+        this generation's cache (the prefill's and the verifications' too)."""
         self.stop()
-        self.adapter_cache, self.verified = RewindableCache(1, max_len), 0  # adapter positions from the full model
+        super().begin(context)
+        self.cache = context.cache
+        self.adapter_cache = RewindableCache(1, self.cache.max_len)
+        self.verified = 0  # adapter positions from the full model
         layer = decoder_layers(self.model)[self.exit_layer - 1]
         self.hook = layer.register_forward_hook(self._keep_shallow, with_kwargs=True)
 
@@ -46,17 +51,16 @@ class KangarooDrafter:
 
     def _keep_shallow(self, layer, args, kwargs, output) -> None:
         """Copy layer exit_layer - 1's output (1, q, hidden) into self.shallow at its positions."""
-        cache = kwargs.get("past_key_values")
-        if self.cache is None:
-            self.cache = cache
-            self.shallow = output.new_zeros(cache.max_len, output.shape[-1])  # (max_len, hidden)
-        if cache is not self.cache:  # our generation has ended: another one (or another strategy) runs
+        if kwargs.get("past_key_values") is not self.cache:  # our generation has ended: another one runs
             self.stop()
             return
+        if self.shallow is None:
+            self.shallow = output.new_zeros(self.cache.max_len, output.shape[-1])  # (max_len, hidden)
         start = int(kwargs["position_ids"][0, 0])
         self.shallow[start:start + output.shape[1]] = output[0]
 
-    def draft(self, cache, tokens, max_tokens, exit_policy, settings, generator, eos_token_id) -> Draft:
+    def draft(self, tokens: list[int], max_tokens: int) -> Draft:
+        cache = self.cache
         adapted = self.verified  # the adapter's entries from here on came from the last draft: recompute them
 
         def next_logits(ids, start):
@@ -71,8 +75,7 @@ class KangarooDrafter:
         # positions before the last token hold the prefill's or a verification's shallow states by now
         self.verified = len(tokens) - 1
         with skipping(self.model, self.skip), torch.inference_mode():
-            return draft_loop(next_logits, tokens, len(tokens) - 1, max_tokens, exit_policy, settings, generator,
-                              eos_token_id)
+            return self.draft_loop(next_logits, tokens, len(tokens) - 1, max_tokens)
 
 
 @torch.inference_mode()

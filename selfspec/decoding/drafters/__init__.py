@@ -1,0 +1,17 @@
+"""Drafters propose tokens for the full model to verify; each follows the `Drafter` protocol (base.py).
+
+`SelfDrafter` (layer_skip.py) is Draft & Verify: the target with a skip set, over the target's own cache.
+`ModelDrafter` (two_model.py) is classic speculative decoding with a separate small model and its own cache.
+`NgramDrafter` (ngram.py) copies from the context (prompt lookup); `HybridDrafter` (hybrid.py) takes such a copy
+when there is one and a model draft otherwise; `KangarooDrafter` (kangaroo.py) drafts by double early exit.
+"""
+
+from selfspec.decoding.drafters.base import Draft, Drafter, ExitPolicyDrafter, GenerationContext
+from selfspec.decoding.drafters.hybrid import HybridDrafter
+from selfspec.decoding.drafters.kangaroo import KangarooDrafter
+from selfspec.decoding.drafters.layer_skip import SelfDrafter
+from selfspec.decoding.drafters.ngram import NGRAM, NgramDrafter, ngram_continuation
+from selfspec.decoding.drafters.two_model import ModelDrafter
+
+__all__ = ["Draft", "Drafter", "ExitPolicyDrafter", "GenerationContext", "HybridDrafter", "KangarooDrafter",
+           "ModelDrafter", "NGRAM", "NgramDrafter", "SelfDrafter", "ngram_continuation"]

@@ -1,0 +1,105 @@
+"""What every drafter is: the `Drafter` protocol (two verbs, as transformers' candidate generators), the draft it
+returns, and the one-token-at-a-time draft loop that the model drafters share.
+
+The decoding loop (decoding/speculative.py) calls `begin` once per generation, then per step `draft` and, after
+the full model verified the draft, `update`. A drafter that decides its draft length by a draft-exit policy
+(decoding/draft_exit.py) owns it; a new drafter is one new module in this package.
+"""
+
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import torch
+from transformers import LogitsProcessorList
+
+from selfspec.decoding.draft_exit import DraftExit
+from selfspec.decoding.sampling import SamplingSettings, logits_processor, sample, scores
+from selfspec.models.cache import RewindableCache
+
+
+@dataclass
+class GenerationContext:
+    """What every step of one generation shares."""
+    cache: RewindableCache  # the full model's KV cache
+    settings: SamplingSettings
+    generator: torch.Generator | None = None
+    eos_token_id: int | None = None
+    processor: LogitsProcessorList = field(init=False)  # the filters plain decoding applies
+
+    def __post_init__(self):
+        self.processor = logits_processor(self.settings)
+
+
+@dataclass
+class Draft:
+    tokens: list[int] = field(default_factory=list)
+    probs: list[torch.Tensor] = field(default_factory=list)  # each (vocab,): q, for sampled verification
+    source: str = "model"  # "model" (a model's own draft) or "ngram" (copied from the context)
+
+
+class Drafter(Protocol):
+    """Proposes tokens for the full model to verify."""
+
+    @property
+    def max_tokens(self) -> int:
+        """The longest draft this drafter proposes (the decoding loop sizes the cache by it)."""
+
+    @property
+    def threshold(self) -> float:
+        """The draft-exit threshold in force, recorded with every step (0.0 for drafters without one)."""
+
+    def begin(self, context: GenerationContext) -> None:
+        """A new generation starts: its cache, sampling settings, generator and EOS id."""
+
+    def draft(self, tokens: list[int], max_tokens: int) -> Draft:
+        """Up to `max_tokens` tokens to follow `tokens`; all but the last of `tokens` are in the cache."""
+
+    def update(self, drafted: int, accepted: int) -> None:
+        """The full model accepted `accepted` of the `drafted` tokens of the last draft."""
+
+
+class ExitPolicyDrafter:
+    """A drafter whose draft length is decided by its draft-exit policy, one token at a time (`draft_loop`)."""
+
+    def __init__(self, exit_policy: DraftExit):
+        self.exit_policy = exit_policy
+        self.context: GenerationContext | None = None
+
+    @property
+    def max_tokens(self) -> int:
+        return self.exit_policy.max_tokens
+
+    @property
+    def threshold(self) -> float:
+        return self.exit_policy.threshold
+
+    def begin(self, context: GenerationContext) -> None:
+        self.context = context
+
+    def update(self, drafted: int, accepted: int) -> None:
+        self.exit_policy.update(drafted, accepted)
+
+    def draft_loop(self, next_logits: Callable[[list[int], int], torch.Tensor], tokens: list[int], cached: int,
+                   max_tokens: int) -> Draft:
+        """Feed tokens[cached:] (not yet in the draft's cache), then draft up to `max_tokens` tokens one at a time.
+
+        `next_logits(ids, start) -> (vocab,)` runs the draft model on ids at positions start.. and returns the
+        logits of the last position. Stops after a token whose top draft probability is below the policy's
+        threshold, or after EOS.
+        """
+        context, settings = self.context, self.context.settings
+        history = list(tokens)
+        logits = next_logits(history[cached:], cached)  # (vocab,)
+        draft = Draft()
+        while True:
+            row = scores(logits[None], history, len(history), context.processor)[0]  # (vocab,)
+            probs = torch.softmax(row, dim=-1)
+            token = int(row.argmax()) if settings.greedy else sample(probs, context.generator)
+            draft.tokens.append(token)
+            if not settings.greedy:
+                draft.probs.append(probs)
+            history.append(token)
+            if (len(draft.tokens) == max_tokens or token == context.eos_token_id
+                    or self.exit_policy.should_stop(float(probs.max()))):
+                return draft
+            logits = next_logits([token], len(history) - 1)

@@ -1,0 +1,35 @@
+"""An n-gram copy when the context has one, else a model drafter's draft (self_spec_hybrid)."""
+
+from selfspec.decoding.drafters.base import Draft, Drafter, GenerationContext
+from selfspec.decoding.drafters.ngram import NGRAM, NgramDrafter
+
+
+class HybridDrafter:
+    """`fallback`'s max_tokens caps the copies too; copies do not move the fallback's draft-exit policy."""
+
+    def __init__(self, ngram: NgramDrafter, fallback: Drafter):
+        self.ngram, self.fallback = ngram, fallback
+        self.last_source = NGRAM
+
+    @property
+    def max_tokens(self) -> int:
+        return self.fallback.max_tokens
+
+    @property
+    def threshold(self) -> float:
+        return self.fallback.threshold
+
+    def begin(self, context: GenerationContext) -> None:
+        self.ngram.begin(context)
+        self.fallback.begin(context)
+
+    def draft(self, tokens: list[int], max_tokens: int) -> Draft:
+        draft = self.ngram.draft(tokens, max_tokens)
+        if not draft.tokens:
+            draft = self.fallback.draft(tokens, max_tokens)
+        self.last_source = draft.source
+        return draft
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if self.last_source != NGRAM:
+            self.fallback.update(drafted, accepted)

@@ -1,0 +1,55 @@
+"""Prompt lookup: copy what followed the latest earlier occurrence of the context's last tokens, at no model cost."""
+
+import torch
+
+from selfspec.decoding.drafters.base import Draft, GenerationContext
+from selfspec.errors import SelfspecError
+
+NGRAM = "ngram"  # Draft.source of copied drafts
+
+
+class NgramDrafter:
+    """The tokens that followed the latest earlier occurrence of the context's last n tokens (n = ngram_size down
+    to 1), at most `num_tokens`. A copied draft is deterministic, so q is one-hot: sampled verification accepts it
+    with probability p(x) and otherwise resamples from p without x. No draft-exit policy: a copy is as long as the
+    match allows."""
+
+    threshold = 0.0
+
+    def __init__(self, model, ngram_size: int = 2, num_tokens: int = 10):
+        for name, value in (("ngram_size", ngram_size), ("ngram_tokens", num_tokens)):
+            if value < 1:
+                raise SelfspecError(f"{name}={value} must be >= 1")
+        self.ngram_size, self.num_tokens = ngram_size, num_tokens
+        self.vocab_size, self.device = model.get_output_embeddings().weight.shape[0], model.device
+        self.context: GenerationContext | None = None
+
+    @property
+    def max_tokens(self) -> int:
+        return self.num_tokens
+
+    def begin(self, context: GenerationContext) -> None:
+        self.context = context
+
+    def draft(self, tokens: list[int], max_tokens: int) -> Draft:
+        copied = ngram_continuation(tokens, self.ngram_size, min(max_tokens, self.num_tokens))
+        eos = self.context.eos_token_id
+        if eos in copied:
+            copied = copied[: copied.index(eos) + 1]
+        if self.context.settings.greedy:
+            return Draft(copied, [], NGRAM)
+        one_hot = torch.zeros(len(copied), self.vocab_size, device=self.device)  # (k, vocab)
+        one_hot[range(len(copied)), copied] = 1.0
+        return Draft(copied, list(one_hot), NGRAM)
+
+    def update(self, drafted: int, accepted: int) -> None:
+        pass
+
+
+def ngram_continuation(tokens: list[int], ngram_size: int, max_tokens: int) -> list[int]:
+    for n in range(min(ngram_size, len(tokens) - 1), 0, -1):
+        tail = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start:start + n] == tail:
+                return tokens[start + n:start + n + max_tokens]
+    return []
