@@ -112,6 +112,7 @@ def test_skip_ratio_sets_are_the_generated_ones_and_valid():
         assert dict(cfg.skip) == {k: list(v) for k, v in cfg.model.searched_skip.items() if k in ("attn", "mlp")}
 
 
+@pytest.mark.slow
 def test_threshold_sweep_and_adaptive_trace_records(outputs):
     runs = figs.load_runs(figs.latest(outputs, "threshold_sweep"))
     settings = figs.threshold_settings(runs)
@@ -127,6 +128,7 @@ def test_threshold_sweep_and_adaptive_trace_records(outputs):
     assert len({s["threshold"] for s in steps}) > 1  # the adaptive policy moved it
 
 
+@pytest.mark.slow
 def test_make_figures_writes_every_figure_of_the_tiny_runs(outputs, tmp_path, capsys):
     out = tmp_path / "figures"
     figs.main(["--outputs", str(outputs), "--out", str(out)])  # python -m selfspec.figures
@@ -138,6 +140,7 @@ def test_make_figures_writes_every_figure_of_the_tiny_runs(outputs, tmp_path, ca
     assert len(lines) == sum(map(len, FIGURES.values()))
 
 
+@pytest.mark.slow
 def test_slimmed_records_still_make_every_figure(outputs, tmp_path):
     slim(outputs, tmp_path)
     size = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
