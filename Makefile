@@ -13,10 +13,10 @@ LIMIT ?= 10
 OUT ?=
 ARGS ?=
 
-.PHONY: help install run test bench search figures clean
+.PHONY: help install run test test-fast bench search figures clean
 
 help:  ## List the targets
-	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -33,6 +33,9 @@ run: install  ## Self-speculative vs plain decoding on the embedded default mode
 
 test: install  ## Run the test suite
 	$(PY) -m pytest -q $(ARGS)
+
+test-fast: install  ## Run the tests not marked slow (about 3 minutes; no embedded models, run.py runs or notebooks)
+	$(PY) -m pytest -q -m "not slow" $(ARGS)
 
 # The searched skip set of self_spec_searched: SEARCHED=<best_skip.yaml>, else `make search`'s result for MODEL if
 # there is one, else the model's shipped searched set (model.searched_skip).

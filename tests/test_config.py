@@ -41,6 +41,7 @@ def run_py(*overrides):
                           timeout=300)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides,message", [
     (["draft=threshold", "draft.threshold=1.5"], "draft.threshold=1.5 is outside [0, 1]"),
     (["sampling.max_new_tokens=-3"], "sampling.max_new_tokens=-3 must be >= 1"),

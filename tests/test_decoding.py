@@ -205,6 +205,7 @@ def chi_square_pvalue(counts: dict, exact: dict) -> float:
     return chisquare(observed, [e * sum(observed) / sum(expected) for e in expected]).pvalue
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("drafter_kind", ["self", "two_model", "hybrid"])
 def test_speculative_sampling_matches_the_full_models_distribution(drafter_kind):
     """Chi-square goodness of fit of (token 2, token 3), both decided inside one speculative step, against
@@ -244,6 +245,7 @@ def test_reduced_draft_vocabulary_keeps_greedy_output(tiny, prompt, tokenizer):
         assert result.new_tokens == plain and result.drafted > 0
 
 
+@pytest.mark.slow
 def test_speculative_sampling_with_a_reduced_draft_vocabulary_is_exact():
     """The draft can propose only 40 of 259 tokens; the residual must supply the rest."""
     from selfspec.models.draft_head import make_draft_head

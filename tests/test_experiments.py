@@ -14,7 +14,7 @@ from selfspec.models.skip import make_skip_set
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 sys.path.insert(0, str(ROOT / "experiments"))
-from random_skip_sets import random_skip_sets  # noqa: E402
+from random_skip_sets import random_skip_sets, skip_sets_yaml  # noqa: E402
 from sample_records import TEST_RUNS, run_experiments, slim  # noqa: E402
 
 SWEEPS = {"threshold_sweep", "skip_ratio", "sampling"}
@@ -90,20 +90,29 @@ def test_experiments_set_their_strategies_and_warmup():
 def test_skip_ratio_sets_are_the_generated_ones_and_valid():
     config = yaml.safe_load((CONF / "experiment" / "skip_ratio.yaml").read_text())
     sweep = config["hydra"]["sweeper"]["params"]["skip_set"].split(",")
-    for model, table in config["random_skip_sets"].items():
+    files = sorted((CONF / "experiment" / "random_skip_sets").glob("*.yaml"))
+    assert {p.stem for p in files} >= {p.stem for p in (CONF / "model").glob("*.yaml")}
+    key = "random_skip_sets@random_skip_sets"
+    (listed,) = [entry[key] for entry in config["defaults"] if isinstance(entry, dict) and key in entry]
+    assert sorted(listed) == [p.stem for p in files]
+    for path in files:
+        model = path.stem
+        (table,) = yaml.safe_load(path.read_text()).values()
         layers = table.pop("layers")
+        rerun = f"rerun experiments/random_skip_sets.py {model} {layers}"
+        assert path.read_text() == skip_sets_yaml(model, layers), rerun
         if table.pop("searched", None) is not None:  # the model's own searched set, checked below
             assert model in ("smollm2", "gemma3_270m")
-        assert table == random_skip_sets(layers), f"{model}: rerun experiments/random_skip_sets.py {model} {layers}"
+        assert table == random_skip_sets(layers)
         assert sorted(table) + ["searched"] == sorted(sweep)
         for skip in table.values():
             make_skip_set(skip["attn"], skip["mlp"], layers)
-    assert set(config["random_skip_sets"]) >= {p.stem for p in (CONF / "model").glob("*.yaml")}
     for model in ("smollm2", "gemma3_270m"):
         cfg = compose_experiment("skip_ratio", f"model={model}", "skip_set=searched")
         assert dict(cfg.skip) == {k: list(v) for k, v in cfg.model.searched_skip.items() if k in ("attn", "mlp")}
 
 
+@pytest.mark.slow
 def test_threshold_sweep_and_adaptive_trace_records(outputs):
     runs = figs.load_runs(figs.latest(outputs, "threshold_sweep"))
     settings = figs.threshold_settings(runs)
@@ -119,6 +128,7 @@ def test_threshold_sweep_and_adaptive_trace_records(outputs):
     assert len({s["threshold"] for s in steps}) > 1  # the adaptive policy moved it
 
 
+@pytest.mark.slow
 def test_make_figures_writes_every_figure_of_the_tiny_runs(outputs, tmp_path, capsys):
     out = tmp_path / "figures"
     figs.main(["--outputs", str(outputs), "--out", str(out)])  # python -m selfspec.figures
@@ -130,6 +140,7 @@ def test_make_figures_writes_every_figure_of_the_tiny_runs(outputs, tmp_path, ca
     assert len(lines) == sum(map(len, FIGURES.values()))
 
 
+@pytest.mark.slow
 def test_slimmed_records_still_make_every_figure(outputs, tmp_path):
     slim(outputs, tmp_path)
     size = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())

@@ -70,6 +70,7 @@ def test_the_hook_goes_away_when_another_generation_runs(tiny, prompt):
     assert again.new_tokens == plain.new_tokens
 
 
+@pytest.mark.slow
 def test_kangaroo_sampling_matches_the_full_models_distribution():
     """As test_speculative_sampling_matches_the_full_models_distribution, with a noisy adapter after layer 0."""
     model = tiny_model("llama", num_layers=2, hidden_size=32, seed=3, init_std=0.3).double()
@@ -165,6 +166,7 @@ def run_py(*overrides):
                            *overrides], cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_run_py_trains_resumes_and_benchmarks_kangaroo(tmp_path):
     train = ["experiment=kangaroo_train", "kangaroo.train.sets=[chat]", "kangaroo.train.prompts_per_set=3",
              "kangaroo.train.max_new_tokens=8", "kangaroo.exit_layer=4", f"hydra.run.dir={tmp_path / 'train'}"]
@@ -185,6 +187,7 @@ def test_run_py_trains_resumes_and_benchmarks_kangaroo(tmp_path):
     assert summary["kangaroo"]["outputs_match_plain"] == 1.0 and summary["kangaroo"]["acceptance_rate"] is not None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("overrides,message", [
     (["strategies=[plain,kangaroo]", "kangaroo.adapter_path=nope.pt"], "kangaroo.adapter_path='nope.pt' does not exist"),
     (["experiment=kangaroo_train", "kangaroo.exit_layer=9"], "kangaroo.exit_layer=9 is out of range; allowed: 1..5"),

@@ -39,6 +39,7 @@ def test_notebooks_are_percent_scripts_without_outputs():
         assert 'RECORDS = None' in text
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PLOTS))
 def test_notebook_runs_on_tiny_records(name, outputs, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))

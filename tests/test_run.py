@@ -9,6 +9,8 @@ import pytest
 
 from wandb_history import history
 
+pytestmark = pytest.mark.slow  # run.py in a subprocess, end to end
+
 ROOT = Path(__file__).resolve().parents[1]
 SUMMARY_KEYS = {"tokens_per_s", "speedup", "acceptance_rate", "mean_accepted_tokens", "outputs_match_plain",
                 "n_prompts", "new_tokens"}

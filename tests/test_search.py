@@ -270,6 +270,7 @@ def test_bad_search_settings_raise_one_line_errors(tmp_path, override, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
+@pytest.mark.slow
 def test_run_py_reports_bad_search_settings_in_one_line(tmp_path):
     proc = run_py("model=tiny_llama", "search.objective=speed", f"hydra.run.dir={tmp_path}")
     _, stderr = proc.communicate(timeout=120)
@@ -277,6 +278,7 @@ def test_run_py_reports_bad_search_settings_in_one_line(tmp_path):
     assert stderr.strip().splitlines()[-1].startswith("selfspec: error: search.objective='speed' is unknown")
 
 
+@pytest.mark.slow
 def test_a_killed_study_resumes_with_its_finished_trials(tmp_path):
     command = ["model=tiny_llama", "search.n_trials=16", f"hydra.run.dir={tmp_path}"]
     first = run_py(*command)
@@ -305,6 +307,7 @@ def test_a_killed_study_resumes_with_its_finished_trials(tmp_path):
     assert (tmp_path / "best_skip.yaml").is_file()
 
 
+@pytest.mark.slow
 def test_two_workers_share_one_journal_study(tmp_path):
     journal = tmp_path / "shared.log"
     workers = [run_py("model=tiny_llama", "search.n_trials=10", f"search.storage={journal}", "search.study_name=shared",
