@@ -35,7 +35,7 @@ class Run:
     draft_threshold: float = default_threshold(greedy=True)  # the fixed threshold, or the adaptive policy's start
     target_acceptance: float | None = None  # the adaptive policy's, when the config sets it
     skip_set: str | None = None  # the skip_ratio experiment's name of the skip set; "searched": the search's
-    skipped_fraction: float | None = None  # share of the 2 x layers sublayers skipped; None: no skip set with a layer count
+    skipped_fraction: float | None = None  # share of the 2 x layers sublayers skipped; None: no skip set or layer count
     sampling_label: str = "greedy"  # "greedy", or "T=0.7, top-p 0.9", ...
 
 
@@ -174,9 +174,10 @@ def load_search(path: str | Path) -> Search:
     best = (yaml.safe_load(best_path.read_text()) or {}) if best_path.is_file() else {}
     config = read_config(path)
     metrics = best.get("metrics") or {}
-    search = Search(read_trials(path / "trials.jsonl"), model=best.get("model") or (config.get("model") or {}).get("name"),
-                    date=records_date(path), objective=metrics.get("objective") or (config.get("search") or {}).get(
-                        "objective"), best_trial=metrics.get("trial"), num_layers=best.get("num_layers"), path=path)
+    search = Search(read_trials(path / "trials.jsonl"), date=records_date(path), path=path,
+                    model=best.get("model") or (config.get("model") or {}).get("name"),
+                    objective=metrics.get("objective") or (config.get("search") or {}).get("objective"),
+                    best_trial=metrics.get("trial"), num_layers=best.get("num_layers"))
     if best:
         try:
             search.best = make_skip_set(best.get("attn"), best.get("mlp"), best.get("num_layers") or 0)

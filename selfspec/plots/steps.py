@@ -12,8 +12,9 @@ from selfspec.records import PromptRecord
 
 
 @styled
-def plot_adaptive_trace(records: list[PromptRecord], *, strategy: str = "self_spec", target_acceptance: float | None = None,
-                        window: int = 16, model: str | None = None, date=None) -> Figure:
+def plot_adaptive_trace(records: list[PromptRecord], *, strategy: str = "self_spec",
+                        target_acceptance: float | None = None, window: int = 16, model: str | None = None,
+                        date=None) -> Figure:
     """The draft-exit threshold (top) and acceptance (bottom: per step, and over the last `window` steps) over
     the verification steps of consecutive prompts, in record order; thin lines mark prompts, labels categories."""
     what = "adaptive trace"
@@ -78,8 +79,8 @@ def plot_adaptive_trace(records: list[PromptRecord], *, strategy: str = "self_sp
 
 
 @styled
-def plot_accepted_histogram(records: list[PromptRecord], *, strategies: list[str] | None = None, model: str | None = None,
-                            date=None) -> Figure:
+def plot_accepted_histogram(records: list[PromptRecord], *, strategies: list[str] | None = None,
+                            model: str | None = None, date=None) -> Figure:
     """Share of verification steps that accepted 0, 1, 2, ... draft tokens, one bar group per strategy
     (default: every strategy that drafted); steps that drafted nothing are left out."""
     what = "accepted-tokens histogram"
@@ -102,8 +103,8 @@ def plot_accepted_histogram(records: list[PromptRecord], *, strategies: list[str
         total = sum(count.values())
         mean = sum(k * v for k, v in count.items()) / total
         xs = [k + (number - (len(names) - 1) / 2) * width for k in range(top + 1)]
-        ax.bar(xs, [100 * count.get(k, 0) / total for k in range(top + 1)], width=width, color=COLORS[number % len(COLORS)],
-               label=f"{name} (mean {mean:.2f}, {total} steps)")
+        ax.bar(xs, [100 * count.get(k, 0) / total for k in range(top + 1)], width=width,
+               color=COLORS[number % len(COLORS)], label=f"{name} (mean {mean:.2f}, {total} steps)")
     ax.set_xlabel("accepted draft tokens in a verification step")
     ax.set_ylabel("share of verification steps (%)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
