@@ -64,7 +64,7 @@ def read_jsonl(path: str | Path, row_type: type[T] = dict) -> list[T]:
             row = json.loads(line)
         except json.JSONDecodeError as err:
             raise SelfspecError(f"{path}:{number}: not a JSON line ({err.msg})") from None
-        rows.append(row if row_type is dict else typed_row(row_type, row, f"{path}:{number}"))
+        rows.append(row if row_type is dict else _typed_row(row_type, row, f"{path}:{number}"))
     return rows
 
 
@@ -73,7 +73,7 @@ def read_records(path: str | Path) -> list[PromptRecord]:
     return read_jsonl(path, PromptRecord)
 
 
-def typed_row(row_type: type[T], row, where: str) -> T:
+def _typed_row(row_type: type[T], row, where: str) -> T:
     """A JSON object as a `row_type` dataclass; SelfspecError naming `where` and the first bad field."""
     if not isinstance(row, dict):
         raise SelfspecError(f"{where}: {type(row).__name__} is not a JSON object")
@@ -95,13 +95,13 @@ _JSON_TYPES = {int: "an integer", float: "a number", str: "text", bool: "true or
 
 def _typed_value(kind, value, where: str):
     """`value` checked against the type hint `kind` (int, float, str, bool, dict, list[...], X | None, a dataclass);
-    lists of dataclasses are built, everything else returned as it is."""
+    dataclasses (also in lists) are built, everything else returned as it is."""
     options = typing.get_args(kind) if typing.get_origin(kind) in (typing.Union, types.UnionType) else (kind,)
     if value is None and type(None) in options:
         return None
     (kind,) = [option for option in options if option is not type(None)]
     if dataclasses.is_dataclass(kind):
-        return typed_row(kind, value, where)
+        return _typed_row(kind, value, where)
     if typing.get_origin(kind) is list:
         if not isinstance(value, list):
             raise SelfspecError(f"{where} is {value!r}, not a list")
