@@ -13,11 +13,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import fields
 from datetime import datetime
 from pathlib import Path
 
 import yaml
 from omegaconf import OmegaConf
+
+from selfspec.records import RecordedStep, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"model": "tiny_llama", "logger": "none", "data.limit": 2, "sampling.max_new_tokens": 16}
@@ -39,7 +42,7 @@ SAMPLE_RUNS = {
     "sampling": (True, {"data.limit": 3}),
 }
 KEPT_FILES = ("records.jsonl", ".hydra/config.yaml", "trials.jsonl", "best_skip.yaml")
-STEP_FIELDS = ("drafted", "accepted", "emitted", "threshold")  # what the figures read of a verification step
+STEP_FIELDS = tuple(f.name for f in fields(RecordedStep))  # what the figures read of a verification step
 
 
 def command(experiment: str, outputs: Path, multirun: bool, overrides: dict, stamp: str) -> list[str]:
@@ -80,7 +83,7 @@ def slim(outputs: Path, dest: Path) -> None:
         target = Path(dest) / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         if source.name == "records.jsonl":
-            rows = [_slim_record(json.loads(line)) for line in source.read_text().splitlines() if line.strip()]
+            rows = [_slim_record(row) for row in read_jsonl(source)]
             target.write_text("".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows))
         elif source.name == "config.yaml":  # resolved, without the skip_ratio table of every model's skip sets
             config = OmegaConf.to_container(OmegaConf.load(source), resolve=True)

@@ -26,16 +26,16 @@ RECORDS = None  # a run folder; None: the latest outputs/experiments/adaptive_tr
 
 # %%
 # %matplotlib inline
-from selfspec.figures import find_records, load_runs
+from selfspec.runs import find_records, load_runs
 from selfspec.plots import plot_accepted_histogram, plot_adaptive_trace
 
 path = find_records("adaptive_trace", RECORDS)
 (run,) = load_runs(path)
-draft = run.config.get("draft", {})
-print(f"{len(run.records)} records of {run.model} from {path}; draft exit: {draft}")
+print(f"{len(run.records)} records of {run.model} from {path}; draft exit: {run.draft_policy}, threshold "
+      f"{run.draft_threshold}, target acceptance {run.target_acceptance}")
 
 # %%
-plot_adaptive_trace(run.records, target_acceptance=draft.get("target_acceptance"), model=run.model, date=run.date)
+plot_adaptive_trace(run.records, target_acceptance=run.target_acceptance, model=run.model, date=run.date)
 
 # %%
 plot_accepted_histogram(run.records, model=run.model, date=run.date)

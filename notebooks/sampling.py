@@ -26,13 +26,12 @@ RECORDS = None  # a sweep folder; None: the latest outputs/experiments/sampling/
 
 # %%
 # %matplotlib inline
-from selfspec.figures import find_records, load_runs, sampling_label
+from selfspec.runs import find_records, load_runs
 from selfspec.plots import plot_sampling
 
 path = find_records("sampling", RECORDS)
 runs = load_runs(path)
-points = [{"label": sampling_label(run.config), "records": run.records} for run in runs]
-print(f"{len(runs)} runs of {runs[0].model} from {path}: {', '.join(p['label'] for p in points)}")
+print(f"{len(runs)} runs of {runs[0].model} from {path}: {', '.join(run.sampling_label for run in runs)}")
 
 # %%
-plot_sampling(points, model=runs[0].model, date=runs[0].date)
+plot_sampling(runs, model=runs[0].model, date=runs[0].date)

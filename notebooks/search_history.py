@@ -26,7 +26,7 @@ RECORDS = None  # a search run folder; None: the latest outputs/experiments/sear
 
 # %%
 # %matplotlib inline
-from selfspec.figures import find_records, load_search
+from selfspec.runs import find_records, load_search
 from selfspec.plots import plot_pareto_front, plot_search_history, plot_skip_mask
 
 path = find_records("search_history", RECORDS)
@@ -37,9 +37,8 @@ print(f"{len(search.trials)} trials of {search.model} from {path}; objective: {s
 plot_search_history(search.trials, objective=search.objective, model=search.model, date=search.date)
 
 # %%
-plot_pareto_front(search.trials, chosen=search.best.get("metrics", {}).get("trial"), model=search.model,
-                  date=search.date)
+plot_pareto_front(search.trials, chosen=search.best_trial, model=search.model, date=search.date)
 
 # %%
-plot_skip_mask(search.best["attn"], search.best["mlp"], search.best["num_layers"],
-               title="Best skip mask of the search", model=search.model, date=search.date)
+plot_skip_mask(search.best, search.num_layers, title="Best skip mask of the search", model=search.model,
+               date=search.date)

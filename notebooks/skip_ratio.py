@@ -25,16 +25,14 @@ RECORDS = None  # a sweep folder; None: the latest outputs/experiments/skip_rati
 
 # %%
 # %matplotlib inline
-from selfspec.figures import find_records, load_runs, skip_ratio_points
+from selfspec.runs import find_records, load_runs
 from selfspec.plots import plot_skip_ratio
 
 path = find_records("skip_ratio", RECORDS)
 runs = load_runs(path)
-points = skip_ratio_points(runs)
 print(f"{len(runs)} runs of {runs[0].model} from {path}")
-for run, point in zip(runs, points):
-    print(f"{run.config.get('skip_set', run.path.name)}: {point['skipped_fraction']:.0%} skipped, "
-          f"attn={run.config['skip']['attn']} mlp={run.config['skip']['mlp']}")
+for run in runs:
+    print(f"{run.skip_set or run.path.name}: {run.skipped_fraction:.0%} skipped")
 
 # %%
-plot_skip_ratio(points, model=runs[0].model, date=runs[0].date)
+plot_skip_ratio(runs, model=runs[0].model, date=runs[0].date)

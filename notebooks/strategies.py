@@ -25,7 +25,7 @@ RECORDS = None  # a run folder; None: the latest outputs/experiments/strategies/
 
 # %%
 # %matplotlib inline
-from selfspec.figures import find_records, load_runs
+from selfspec.runs import find_records, load_runs
 from selfspec.plots import plot_accepted_histogram, plot_strategy_speedups
 from selfspec.records import markdown_table, summarize
 

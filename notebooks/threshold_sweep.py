@@ -25,20 +25,19 @@ RECORDS = None  # a sweep folder; None: the latest outputs/experiments/threshold
 
 # %%
 # %matplotlib inline
-from selfspec.figures import find_records, load_runs, threshold_settings
 from selfspec.plots import plot_threshold_sweep
 from selfspec.records import summarize
+from selfspec.runs import find_records, load_runs
 
 path = find_records("threshold_sweep", RECORDS)
 runs = load_runs(path)
-settings = threshold_settings(runs)
 print(f"{len(runs)} runs of {runs[0].model} from {path}")
 
 # %%
-for setting in settings:
-    row = summarize(setting["records"])["self_spec"]
-    print(f"{setting['policy']:>9} {setting['threshold']:.2f}: acceptance {row['acceptance_rate']:.3f}, "
+for run in runs:
+    row = summarize(run.records)["self_spec"]
+    print(f"{run.draft_policy:>9} {run.draft_threshold:.2f}: acceptance {row['acceptance_rate']:.3f}, "
           f"{row['mean_accepted_tokens']:.2f} tokens/step, speedup {row['speedup']:.2f}x")
 
 # %%
-plot_threshold_sweep(settings, model=runs[0].model, date=runs[0].date)
+plot_threshold_sweep(runs, model=runs[0].model, date=runs[0].date)

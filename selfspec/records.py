@@ -1,9 +1,26 @@
-"""Per-prompt records (JSON lines, appended as they finish) and the per-strategy summary."""
+"""Per-prompt records (JSON lines, appended as they finish), read back typed, and the per-strategy summary."""
 
+import dataclasses
 import json
 import statistics
+import types
+import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+
+from selfspec.errors import SelfspecError
+
+T = typing.TypeVar("T")
+
+
+@dataclass
+class RecordedStep:
+    """A verification step as the figures read it back from records.jsonl: StepRecord's counts and threshold (its
+    timings and the rest stay in the file; the shipped sample records drop them)."""
+    drafted: int
+    accepted: int
+    emitted: int
+    threshold: float
 
 
 @dataclass
@@ -27,7 +44,7 @@ class PromptRecord:
     peak_mem_mb: float | None = None  # peak memory growth during generate, MiB, max over repeats (CPU: peak RSS)
     output_ids: list[int] = field(default_factory=list)
     output_text: str = ""
-    steps: list[dict] = field(default_factory=list)  # StepRecord fields, one per verification
+    steps: list[RecordedStep] = field(default_factory=list)  # one per verification (written: StepRecord dicts)
 
 
 def append_record(path: Path, record: PromptRecord) -> None:
@@ -35,42 +52,98 @@ def append_record(path: Path, record: PromptRecord) -> None:
         f.write(json.dumps(asdict(record)) + "\n")
 
 
-def read_records(path: str | Path) -> list[dict]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+def read_jsonl(path: str | Path, row_type: type[T] = dict) -> list[T]:
+    """The rows of a JSON-lines file, blank lines skipped, each a `row_type` (a dataclass, or dict as written). A
+    line that is not JSON, misses a field or has one of the wrong type raises one SelfspecError naming file:line
+    and the field; keys the dataclass lacks are ignored (records carry more than the figures read)."""
+    rows = []
+    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise SelfspecError(f"{path}:{number}: not a JSON line ({err.msg})") from None
+        rows.append(row if row_type is dict else _typed_row(row_type, row, f"{path}:{number}"))
+    return rows
 
 
-def summarize(records: list[dict]) -> dict:
+def read_records(path: str | Path) -> list[PromptRecord]:
+    """The records of a records.jsonl, typed."""
+    return read_jsonl(path, PromptRecord)
+
+
+def _typed_row(row_type: type[T], row, where: str) -> T:
+    """A JSON object as a `row_type` dataclass; SelfspecError naming `where` and the first bad field."""
+    if not isinstance(row, dict):
+        raise SelfspecError(f"{where}: {type(row).__name__} is not a JSON object")
+    hints = typing.get_type_hints(row_type)
+    values = {}
+    for each in dataclasses.fields(row_type):
+        if each.name in row:
+            values[each.name] = _typed_value(hints[each.name], row[each.name], f"{where}: field {each.name!r}")
+        elif each.default is dataclasses.MISSING and each.default_factory is dataclasses.MISSING:
+            raise SelfspecError(f"{where}: field {each.name!r} is missing")
+    try:
+        return row_type(**values)
+    except SelfspecError as err:  # a check across fields in the dataclass's __post_init__
+        raise SelfspecError(f"{where}: {err}") from None
+
+
+_JSON_TYPES = {int: "an integer", float: "a number", str: "text", bool: "true or false", dict: "an object"}
+
+
+def _typed_value(kind, value, where: str):
+    """`value` checked against the type hint `kind` (int, float, str, bool, dict, list[...], X | None, a dataclass);
+    dataclasses (also in lists) are built, everything else returned as it is."""
+    options = typing.get_args(kind) if typing.get_origin(kind) in (typing.Union, types.UnionType) else (kind,)
+    if value is None and type(None) in options:
+        return None
+    (kind,) = [option for option in options if option is not type(None)]
+    if dataclasses.is_dataclass(kind):
+        return _typed_row(kind, value, where)
+    if typing.get_origin(kind) is list:
+        if not isinstance(value, list):
+            raise SelfspecError(f"{where} is {value!r}, not a list")
+        (item,) = typing.get_args(kind)
+        return [_typed_value(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    numeric = kind is float and isinstance(value, int)
+    if isinstance(value, bool) != (kind is bool) or not (isinstance(value, kind) or numeric):
+        raise SelfspecError(f"{where} is {value!r}, not {_JSON_TYPES[kind]}")
+    return value
+
+
+def summarize(records: list[PromptRecord]) -> dict:
     """Per strategy (keys of summary.json): tokens_per_s, speedup, acceptance_rate, mean_accepted_tokens,
     outputs_match_plain, n_prompts, new_tokens; plus the same per prompt category under `by_category`."""
     summary = {}
-    for name in dict.fromkeys(r["strategy"] for r in records):
-        mine = [r for r in records if r["strategy"] == name]
-        summary[name] = _aggregate(mine, [r for r in records if r["strategy"] == "plain"])
+    for name in dict.fromkeys(r.strategy for r in records):
+        mine = [r for r in records if r.strategy == name]
+        summary[name] = _aggregate(mine, [r for r in records if r.strategy == "plain"])
         summary[name]["by_category"] = {
-            cat: _aggregate([r for r in mine if r["category"] == cat],
-                            [r for r in records if r["strategy"] == "plain" and r["category"] == cat])
-            for cat in dict.fromkeys(r["category"] for r in mine)}
+            cat: _aggregate([r for r in mine if r.category == cat],
+                            [r for r in records if r.strategy == "plain" and r.category == cat])
+            for cat in dict.fromkeys(r.category for r in mine)}
     return summary
 
 
-def _aggregate(mine: list[dict], plain: list[dict]) -> dict:
-    tokens = sum(r["new_tokens"] for r in mine)
-    tokens_per_s = tokens / sum(r["elapsed_s"] for r in mine)
-    plain_tps = sum(r["new_tokens"] for r in plain) / sum(r["elapsed_s"] for r in plain) if plain else None
-    drafted = sum(r["drafted"] for r in mine)
-    matches = [r["matches_plain"] for r in mine if r["matches_plain"] is not None]
+def _aggregate(mine: list[PromptRecord], plain: list[PromptRecord]) -> dict:
+    tokens = sum(r.new_tokens for r in mine)
+    tokens_per_s = tokens / sum(r.elapsed_s for r in mine)
+    plain_tps = sum(r.new_tokens for r in plain) / sum(r.elapsed_s for r in plain) if plain else None
+    drafted = sum(r.drafted for r in mine)
+    matches = [r.matches_plain for r in mine if r.matches_plain is not None]
     return {
         "tokens_per_s": tokens_per_s,
         "speedup": tokens_per_s / plain_tps if plain_tps else None,
-        "acceptance_rate": sum(r["accepted"] for r in mine) / drafted if drafted else None,
-        "mean_accepted_tokens": sum(r["emitted"] for r in mine) / max(1, sum(r["verify_steps"] for r in mine)),
+        "acceptance_rate": sum(r.accepted for r in mine) / drafted if drafted else None,
+        "mean_accepted_tokens": sum(r.emitted for r in mine) / max(1, sum(r.verify_steps for r in mine)),
         "outputs_match_plain": sum(matches) / len(matches) if matches else None,
         "n_prompts": len(mine),
         "new_tokens": tokens,
-        "peak_mem_mb": max((r["peak_mem_mb"] for r in mine if r.get("peak_mem_mb") is not None), default=None),
-        "median_prompt_speedup": statistics.median(s) if (s := [r["speedup"] for r in mine
-                                                                 if r["speedup"] is not None]) else None,
+        "peak_mem_mb": max((r.peak_mem_mb for r in mine if r.peak_mem_mb is not None), default=None),
+        "median_prompt_speedup": statistics.median(s) if (s := [r.speedup for r in mine
+                                                                 if r.speedup is not None]) else None,
     }
 
 

@@ -9,6 +9,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from selfspec import figures as figs
+from selfspec import runs as runs_
 from selfspec.models.skip import make_skip_set
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,14 +54,14 @@ def resolved(cfg) -> dict:
 
 
 def test_every_experiment_has_a_config_figures_and_a_notebook():
-    assert sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")) == sorted([*figs.EXPERIMENTS, "bench",
+    assert sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")) == sorted([*runs_.EXPERIMENTS, "bench",
                                                                              "kangaroo_train"])
-    assert set(figs.FIGURE_GROUPS) == set(figs.EXPERIMENTS) == set(FIGURES) == set(TEST_RUNS)
-    for name in figs.EXPERIMENTS:
+    assert set(figs.FIGURE_GROUPS) == set(runs_.EXPERIMENTS) == set(FIGURES) == set(TEST_RUNS)
+    for name in runs_.EXPERIMENTS:
         assert (ROOT / "notebooks" / f"{name}.py").is_file()
 
 
-@pytest.mark.parametrize("name", figs.EXPERIMENTS)
+@pytest.mark.parametrize("name", runs_.EXPERIMENTS)
 def test_experiment_composes_and_writes_under_outputs_experiments(name):
     cfg = compose_experiment(name)
     resolved(cfg)  # every interpolation resolves (skip_ratio's table included)
@@ -77,7 +78,7 @@ def test_sweep_parameters_compose_one_by_one():
     assert (cfg.draft.policy, cfg.draft.threshold) == ("adaptive", 0.3)
     assert compose_experiment("sampling", "sampling=sample").sampling.temperature > 0
     cfg = compose_experiment("skip_ratio", "model=gemma3_270m", "skip_set=p50b")
-    assert cfg.skip_num_layers == 18 and figs.skipped_fraction(resolved(cfg)) == 0.5
+    assert cfg.skip_num_layers == 18 and runs_.skipped_fraction(resolved(cfg)) == 0.5
     assert compose_experiment("search_history").search.n_trials == 40
 
 
@@ -114,18 +115,17 @@ def test_skip_ratio_sets_are_the_generated_ones_and_valid():
 
 @pytest.mark.slow
 def test_threshold_sweep_and_adaptive_trace_records(outputs):
-    runs = figs.load_runs(figs.latest(outputs, "threshold_sweep"))
-    settings = figs.threshold_settings(runs)
-    assert sorted((s["policy"], s["threshold"]) for s in settings) == [
+    runs = runs_.load_runs(runs_.latest(outputs, "threshold_sweep"))
+    assert sorted((run.draft_policy, run.draft_threshold) for run in runs) == [
         ("adaptive", 0.3), ("adaptive", 0.9), ("threshold", 0.3), ("threshold", 0.9)]
     for run in runs:
-        assert {r["strategy"] for r in run.records} == {"plain", "self_spec"}
-        assert run.config["model"]["name"] == "tiny_llama" and run.config["data"]["limit"] == 2
-    (trace,) = figs.load_runs(figs.latest(outputs, "adaptive_trace"))
-    steps = [s for r in trace.records if r["strategy"] == "self_spec" for s in r["steps"]]
-    assert steps and all({"threshold", "drafted", "accepted"} <= set(s) for s in steps)
-    assert steps[0]["threshold"] == 0.8  # no warm-up moved it before the first recorded step
-    assert len({s["threshold"] for s in steps}) > 1  # the adaptive policy moved it
+        assert {r.strategy for r in run.records} == {"plain", "self_spec"}
+        assert run.model == "tiny_llama" and len({r.question_id for r in run.records}) == 2
+    (trace,) = runs_.load_runs(runs_.latest(outputs, "adaptive_trace"))
+    steps = [s for r in trace.records if r.strategy == "self_spec" for s in r.steps]
+    assert steps and trace.draft_policy == "adaptive"
+    assert steps[0].threshold == 0.8  # no warm-up moved it before the first recorded step
+    assert len({s.threshold for s in steps}) > 1  # the adaptive policy moved it
 
 
 @pytest.mark.slow
@@ -136,7 +136,7 @@ def test_make_figures_writes_every_figure_of_the_tiny_runs(outputs, tmp_path, ca
     for name, figures in FIGURES.items():
         for figure in figures:
             assert (out / f"{figure}.png").stat().st_size > 10_000 and (out / f"{figure}.pdf").is_file()
-            assert f"{out / figure}.{{png,pdf}} <- {figs.latest(outputs, name)}" in lines
+            assert f"{out / figure}.{{png,pdf}} <- {runs_.latest(outputs, name)}" in lines
     assert len(lines) == sum(map(len, FIGURES.values()))
 
 
@@ -146,11 +146,11 @@ def test_slimmed_records_still_make_every_figure(outputs, tmp_path):
     size = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
     assert size < 200_000
     for name, make in figs.FIGURE_GROUPS.items():
-        assert sorted(make(figs.latest(tmp_path, name))) == sorted(FIGURES[name])
+        assert sorted(make(runs_.latest(tmp_path, name))) == sorted(FIGURES[name])
 
 
 def test_shipped_sample_records_make_every_figure_and_stay_small():
-    size = sum(p.stat().st_size for p in figs.SAMPLE_RECORDS.rglob("*") if p.is_file())
+    size = sum(p.stat().st_size for p in runs_.SAMPLE_RECORDS.rglob("*") if p.is_file())
     assert size < 200_000, f"notebooks/sample_records is {size} bytes"
     for name, make in figs.FIGURE_GROUPS.items():
-        assert sorted(make(figs.latest(figs.SAMPLE_RECORDS, name))) == sorted(FIGURES[name])
+        assert sorted(make(runs_.latest(runs_.SAMPLE_RECORDS, name))) == sorted(FIGURES[name])

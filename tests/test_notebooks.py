@@ -9,7 +9,7 @@ jupytext = pytest.importorskip("jupytext")
 nbclient = pytest.importorskip("nbclient")
 nbformat = pytest.importorskip("nbformat")
 
-from selfspec import figures as figs  # noqa: E402
+from selfspec.runs import latest  # noqa: E402
 from test_experiments import tiny_outputs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +44,7 @@ def test_notebooks_are_percent_scripts_without_outputs():
 def test_notebook_runs_on_tiny_records(name, outputs, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    records = figs.latest(outputs, name)
+    records = latest(outputs, name)
     notebook = with_records(jupytext.read(NOTEBOOKS / f"{name}.py"), records)
     nbclient.NotebookClient(notebook, kernel_name="python3", timeout=120,
                             resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()

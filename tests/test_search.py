@@ -1,6 +1,5 @@
 """Skip-set search: short studies on the tiny models, resume after SIGKILL, parallel workers, bad settings."""
 
-import json
 import os
 import signal
 import socket
@@ -26,6 +25,7 @@ from selfspec.errors import SelfspecError
 from selfspec.models.loading import load_model
 from selfspec.models.skip import SkipSet, num_layers
 from selfspec.models.skip_config import skip_from_config
+from selfspec.records import read_jsonl
 from selfspec.cost_model import StepCosts
 from selfspec.search import (Candidate, SearchSpace, choose_best, expected_speedup, fail_dead_trials, measure,
                              open_storage, open_study, search_prompts, search_space, seed_candidates)
@@ -59,10 +59,6 @@ def run_py(*overrides, **kwargs):
 def journal_study(path: Path, name: str):
     storage = optuna.storages.JournalStorage(optuna.storages.journal.JournalFileBackend(str(path)))
     return optuna.load_study(study_name=name, storage=storage)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def mean_accepted_tokens(cfg, skip: SkipSet) -> float:
