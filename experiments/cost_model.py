@@ -5,8 +5,9 @@
 Measures, over one KV cache at a 200-token context: c(q), a full-model forward of q tokens (the verification
 of q - 1 drafts), and d, one draft token with the configured skip set (and reduced draft vocabulary). With
 per-token acceptance a and k drafts, a step emits E = (1 - a^(k+1)) / (1 - a) tokens for k d + c(k+1), so
-speedup(a, k) = E c(1) / (k d + c(k+1)). Prints c(q), d, the best k and speedup per acceptance, and the
-acceptance needed for 1.0x and 1.25x. Copied n-gram drafts cost nothing, so for them d = 0.
+speedup(a, k) = E c(1) / (k d + c(k+1)) (StepCosts.speedup_at_acceptance). Prints c(q), d, the best k and
+speedup per acceptance, and the acceptance needed for 1.0x and 1.25x. Copied n-gram drafts cost nothing, so for
+them d = 0.
 """
 
 import sys
@@ -20,7 +21,8 @@ from selfspec.models.cache import forward, forward_hidden, new_cache
 from selfspec.models.draft_head import make_draft_head
 from selfspec.models.loading import load_model
 from selfspec.models.skip import num_layers, skipping
-from selfspec.models.skip_config import skip_from_config
+from selfspec.models.skip_config import resolve_skip
+from selfspec.settings import from_config
 
 ACCEPTANCES = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)
 
@@ -39,28 +41,16 @@ def measured_draft_ms(model, skip, head) -> float:
     return timed_ms(draft_token)
 
 
-def speedup(acceptance: float, k: int, verify: list[float], draft: float) -> float:
-    emitted = sum(acceptance ** i for i in range(k + 1))  # (1 - a^(k+1)) / (1 - a)
-    return emitted * verify[0] / (k * draft + verify[k])
-
-
-def break_even(target: float, verify: list[float], draft: float) -> float | None:
-    """The lowest acceptance (0.01 steps) at which some draft length reaches `target` speedup."""
-    for percent in range(1, 101):
-        if max(speedup(percent / 100, k, verify, draft) for k in range(1, len(verify))) >= target:
-            return percent / 100
-    return None
-
-
 def main(overrides: list[str]) -> None:
     torch.set_num_threads(2)
     with initialize_config_dir(str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
-    loaded = load_model(cfg.model)
-    skip = skip_from_config(cfg.skip, num_layers(loaded.model))
-    size = cfg.draft.vocab_size
+    settings = from_config(cfg)
+    loaded = load_model(settings.model)
+    skip, _ = resolve_skip(settings.skip, num_layers(loaded.model))
+    size = settings.draft.vocab_size
     head = make_draft_head(loaded.model, loaded.tokenizer, size) if size else None
-    costs = measure_step_costs(loaded.model, cfg.draft.max_tokens + 1, {size: head} if head else None)
+    costs = measure_step_costs(loaded.model, settings.draft.max_tokens + 1, {size: head} if head else None)
     verify, draft = costs.verify_ms, costs.draft_ms(skip, size)
     print(f"{loaded.name}, {torch.get_num_threads()} threads, context {CONTEXT}; skip attn={list(skip.attn)} "
           f"mlp={list(skip.mlp)}, draft vocabulary {size or 'full'}")
@@ -71,13 +61,13 @@ def main(overrides: list[str]) -> None:
     print("|---|---|---|---|---|")
     for a in ACCEPTANCES:
         ks = range(1, len(verify))
-        skip_k = max(ks, key=lambda k: speedup(a, k, verify, draft))
-        copy_k = max(ks, key=lambda k: speedup(a, k, verify, 0.0))
-        print(f"| {a} | {skip_k} | {speedup(a, skip_k, verify, draft):.2f} | {copy_k} | "
-              f"{speedup(a, copy_k, verify, 0.0):.2f} |")
+        skip_k = max(ks, key=lambda k: costs.speedup_at_acceptance(a, k, draft))
+        copy_k = max(ks, key=lambda k: costs.speedup_at_acceptance(a, k, 0.0))
+        print(f"| {a} | {skip_k} | {costs.speedup_at_acceptance(a, skip_k, draft):.2f} | {copy_k} | "
+              f"{costs.speedup_at_acceptance(a, copy_k, 0.0):.2f} |")
     for target in (1.0, 1.25):
-        print(f"acceptance for {target}x: layer skip {break_even(target, verify, draft) or 'unreachable'}, "
-              f"n-gram {break_even(target, verify, 0.0) or 'unreachable'}")
+        print(f"acceptance for {target}x: layer skip {costs.break_even(target, draft) or 'unreachable'}, "
+              f"n-gram {costs.break_even(target, 0.0) or 'unreachable'}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@ for each reduced draft vocabulary. A draft token with skip set S and draft vocab
 d = c(1) - (S's sublayer times) - (output(full) - output(V)), and a trace of steps that drafted k_i tokens and
 emitted e_i runs at speedup = sum(e_i) c(1) / sum(k_i d + c(k_i + 1)) over plain decoding. The search scores
 skip sets with it (`search.objective=cost_model`): deterministic for greedy decoding, unlike wall-clock timing.
+With per-token acceptance a instead of a trace, a step of k drafts emits E = (1 - a^(k+1)) / (1 - a) tokens
+(`speedup_at_acceptance`, `break_even`: experiments/cost_model.py). Every speedup formula of selfspec is here,
+`expected_speedup` (the pareto objective's proxy in full-forward units) included.
 """
 
 import statistics
@@ -42,11 +45,38 @@ class StepCosts:
         """One draft/verify step: `drafted` draft tokens, then a forward of drafted + 1 tokens."""
         return drafted * draft_ms + self.verify_ms[min(drafted, len(self.verify_ms) - 1)]
 
+    def trace_ms(self, steps: list[tuple[int, int]], draft_ms: float) -> tuple[float, float]:
+        """(plain, drafting) milliseconds of a trace of (drafted k_i, emitted e_i) steps: sum(e_i) c(1) and
+        sum(k_i d + c(k_i + 1)); plain / drafting is the modelled speedup (summed first over several traces)."""
+        plain = sum(emitted for _, emitted in steps) * self.verify_ms[0]
+        return plain, sum(self.step_ms(drafted, draft_ms) for drafted, _ in steps)
+
+    def speedup_at_acceptance(self, acceptance: float, drafted: int, draft_ms: float) -> float:
+        """Speedup of steps that draft `drafted` tokens, each accepted with probability `acceptance`: a step
+        emits E = (1 - a^(k+1)) / (1 - a) tokens for k d + c(k + 1) where plain decoding takes E c(1)."""
+        emitted = sum(acceptance ** i for i in range(drafted + 1))
+        return emitted * self.verify_ms[0] / self.step_ms(drafted, draft_ms)
+
+    def break_even(self, target: float, draft_ms: float) -> float | None:
+        """The lowest acceptance (0.01 steps) at which some draft length 1..len(verify_ms) - 1 reaches `target`
+        speedup; None if none does."""
+        for percent in range(1, 101):
+            best = max(self.speedup_at_acceptance(percent / 100, k, draft_ms) for k in range(1, len(self.verify_ms)))
+            if best >= target:
+                return percent / 100
+        return None
+
     def summary(self) -> str:
         verify = ", ".join(f"{q}: {ms:.1f}" for q, ms in enumerate(self.verify_ms, 1))
         heads = "".join(f", {n}-token head {ms:.1f}" for n, ms in sorted(self.head_ms.items()))
         return (f"c(q) ms {verify}; sublayers attn {sum(self.attn_ms):.1f} + mlp {sum(self.mlp_ms):.1f}; "
                 f"output layer {self.output_ms:.1f}{heads}")
+
+
+def expected_speedup(mean_accepted_tokens: float, drafted_per_step: float, skipped_fraction: float) -> float:
+    """Tokens per cycle over the cycle's cost in full forwards: each draft forward costs (1 - skipped_fraction),
+    the verification one. A proxy; memory-bound GPUs verify k tokens at about the cost of one."""
+    return mean_accepted_tokens / (1 + drafted_per_step * (1 - skipped_fraction))
 
 
 def timed_ms(step, repeats: int = REPEATS) -> float:

@@ -1,5 +1,6 @@
 """Skip-set search: short studies on the tiny models, resume after SIGKILL, parallel workers, bad settings."""
 
+import dataclasses
 import os
 import signal
 import socket
@@ -16,19 +17,21 @@ from hydra import compose, initialize_config_dir
 from optuna.trial import TrialState
 
 from selfspec.app import run
+from selfspec.cost_model import StepCosts, expected_speedup
 from selfspec.data import encode_prompt, load_prompts
+from selfspec.decoding.draft_exit import make_exit_policy
 from selfspec.decoding.drafters import SelfDrafter
-from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.speculative import generate
-from selfspec.decoding.strategies import make_exit_policy
 from selfspec.errors import SelfspecError
 from selfspec.models.loading import load_model
-from selfspec.models.skip import SkipSet, num_layers
-from selfspec.models.skip_config import skip_from_config
+from selfspec.models.skip import SkipSet
+from selfspec.models.skip_config import resolve_skip
 from selfspec.records import read_jsonl
-from selfspec.cost_model import StepCosts
-from selfspec.search import (Candidate, SearchSpace, choose_best, expected_speedup, fail_dead_trials, measure,
-                             open_storage, open_study, search_prompts, search_space, seed_candidates)
+from selfspec.search import search_prompts
+from selfspec.search.objective import choose_best, measure
+from selfspec.search.space import Candidate, SearchSpace, search_space, seed_candidates
+from selfspec.search.study import fail_dead_trials, open_storage, open_study
+from selfspec.settings import DataSettings, from_config
 
 ROOT = Path(__file__).resolve().parents[1]
 # Small and fast: 1 evaluation prompt x 8 tokens after the search; 4 search prompts (chat 1..4) x 12 tokens.
@@ -51,6 +54,10 @@ def config(*overrides):
         return compose("config", overrides=[*TINY, *overrides])
 
 
+def settings(*overrides):
+    return from_config(config(*overrides))
+
+
 def run_py(*overrides, **kwargs):
     return subprocess.Popen([sys.executable, "run.py", *TINY, *overrides], cwd=ROOT, env=ENV, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
@@ -63,13 +70,15 @@ def journal_study(path: Path, name: str):
 
 def mean_accepted_tokens(cfg, skip: SkipSet) -> float:
     """Emitted tokens per verification on the search prompts (chat 1..4), recomputed from scratch."""
-    loaded = load_model(cfg.model)
-    settings = SamplingSettings(**{**cfg.sampling, "max_new_tokens": cfg.search.max_new_tokens})
-    policy = make_exit_policy(cfg.draft, settings.greedy)  # one policy over all prompts, as in a trial
+    run_settings = from_config(cfg)
+    loaded = load_model(run_settings.model)
+    sampling = dataclasses.replace(run_settings.sampling, max_new_tokens=run_settings.search.max_new_tokens)
+    # one drafter, so one exit policy, over all prompts, as in a trial
+    drafter = SelfDrafter(loaded.model, skip, make_exit_policy(run_settings.draft, sampling.greedy))
     emitted = steps = 0
     for prompt in load_prompts("chat")[1:5]:
-        result = generate(loaded.model, encode_prompt(loaded.tokenizer, prompt), settings,
-                          SelfDrafter(loaded.model, skip), policy, loaded.tokenizer.eos_token_id)
+        result = generate(loaded.model, encode_prompt(loaded.tokenizer, prompt), sampling, drafter,
+                          loaded.tokenizer.eos_token_id)
         emitted += sum(s.emitted for s in result.steps)
         steps += len(result.steps)
     return emitted / steps
@@ -80,7 +89,7 @@ def mean_accepted_tokens(cfg, skip: SkipSet) -> float:
 def test_short_study_writes_a_loadable_skip_set_that_reproduces_its_acceptance(tmp_path, model, objective, sampler):
     cfg = config(f"model={model}", "model.dtype=float64", "search.n_trials=4", f"search.objective={objective}",
                  f"search.sampler={sampler}", "search.n_startup_trials=2")
-    summary = run(cfg, tmp_path)
+    summary = run(from_config(cfg), tmp_path)
 
     assert (tmp_path / "optuna_journal.log").is_file()
     trials = read_jsonl(tmp_path / "trials.jsonl")
@@ -91,7 +100,7 @@ def test_short_study_writes_a_loadable_skip_set_that_reproduces_its_acceptance(t
     assert record["state"] == "COMPLETE"
     assert best["metrics"]["values"] == record["values"]
 
-    skip = skip_from_config(config(f"model={model}", "skip=file", f"skip.path={tmp_path / 'best_skip.yaml'}").skip, 6)
+    skip, _ = resolve_skip(settings(f"model={model}", "skip=file", f"skip.path={tmp_path / 'best_skip.yaml'}").skip, 6)
     assert skip == SkipSet(tuple(record["attn"]), tuple(record["mlp"]))
     assert mean_accepted_tokens(cfg, skip) == pytest.approx(best["metrics"]["mean_accepted_tokens"], rel=1e-12)
     assert summary["self_spec"]["outputs_match_plain"] == 1.0
@@ -100,7 +109,7 @@ def test_short_study_writes_a_loadable_skip_set_that_reproduces_its_acceptance(t
 def test_pareto_study_picks_the_front_trial_with_the_highest_expected_speedup(tmp_path):
     cfg = config("model=tiny_llama", "search.n_trials=6", "search.objective=pareto", "search.sampler=random",
                  "search.max_skip_fraction=0.7", "logger=wandb", "logger.mode=disabled")
-    run(cfg, tmp_path)
+    run(from_config(cfg), tmp_path)
 
     study = journal_study(tmp_path / "optuna_journal.log", "tiny_llama-pareto")
     best = yaml.safe_load((tmp_path / "best_skip.yaml").read_text())["metrics"]
@@ -119,40 +128,46 @@ def test_choose_best_for_pareto_ranks_the_front_by_expected_speedup():
     assert choose_best(study, "pareto").number == 1  # trial 2 has the highest proxy but is dominated by trial 1
 
 
-def test_expected_speedup():
+def test_expected_speedup_counts_a_draft_forward_as_the_unskipped_share_of_a_full_one():
     assert expected_speedup(1.0, 0.0, 0.0) == 1.0  # plain decoding
     assert expected_speedup(3.0, 4.0, 0.5) == 1.0  # 3 tokens for 1 + 4 * 0.5 forwards
     assert expected_speedup(3.0, 4.0, 0.75) == 1.5
 
 
+def space_of(*overrides, draft_vocab_size=None) -> SearchSpace:
+    """The search space of a 6-layer model under these search overrides (search.max_skip_fraction: 0.5)."""
+    return search_space(settings("model=tiny_llama", *overrides).search, 6, draft_vocab_size)
+
+
 def test_search_space_checks_and_degenerate_sets():
-    space = search_space({"layer_range": [2, 6], "max_skip_fraction": 0.5}, 6)
+    space = space_of("search.layer_range=[2,6]", "search.max_skip_fraction=0.5")
     assert (space.lo, space.hi) == (2, 6)
     assert space.reject_reason(Candidate(SkipSet())) == "nothing skipped"
     assert space.reject_reason(Candidate(SkipSet(), 64)) is None  # a reduced draft vocabulary alone is a draft
     assert "max_skip_fraction" in space.reject_reason(Candidate(SkipSet((2, 3, 4, 5), (2, 3, 4))))
     assert space.reject_reason(Candidate(SkipSet((3,), (4,)))) is None
     assert SearchSpace(2, 0, 2).reject_reason(Candidate(SkipSet((0, 1), (0, 1)))) == "everything skipped"
-    assert "min_skip_fraction" in search_space({"min_skip_fraction": 0.5}, 6).reject_reason(Candidate(SkipSet((3,))))
-    assert search_space({}, 6, 64).vocab_sizes == (64,)  # the configured draft vocabulary when none is searched
-    assert search_space({"draft_vocab_sizes": [None, 64, 64]}, 6).vocab_sizes == (None, 64)
-    for bad in ({"layer_range": [4, 4]}, {"layer_range": [0, 7]}, {"layer_range": [1]}, {"max_skip_fraction": 1.5},
-                {"max_skip_fraction": -0.1}, {"max_skip_fraction": 0.0},
-                {"min_skip_fraction": 0.6, "max_skip_fraction": 0.4}, {"early_exit": "yes"},
-                {"draft_vocab_sizes": []}, {"draft_vocab_sizes": [0]}, {"draft_vocab_sizes": ["16k"]}):
-        with pytest.raises(SelfspecError):
-            search_space(bad, 6)
+    assert "min_skip_fraction" in space_of("search.min_skip_fraction=0.5").reject_reason(Candidate(SkipSet((3,))))
+    assert space_of(draft_vocab_size=64).vocab_sizes == (64,)  # the configured draft vocabulary when none is searched
+    assert space_of("search.draft_vocab_sizes=[null,64,64]").vocab_sizes == (None, 64)
+    for bad in (["search.layer_range=[4,4]"], ["search.layer_range=[0,7]"], ["search.layer_range=[1]"],
+                ["search.max_skip_fraction=1.5"], ["search.max_skip_fraction=-0.1"], ["search.max_skip_fraction=0.0"],
+                ["search.min_skip_fraction=0.6", "search.max_skip_fraction=0.4"], ["search.early_exit=maybe"],
+                ["search.draft_vocab_sizes=[]"], ["search.draft_vocab_sizes=[0]"], ["search.draft_vocab_sizes=[16k]"]):
+        with pytest.raises(SelfspecError, match="search"):
+            space_of(*bad)
 
 
 def test_search_prompts_follow_the_evaluation_prompts(capsys):
-    eval_data = {"name": "chat", "path": None, "limit": 10}
+    eval_data = DataSettings(name="chat", limit=10)
     chat = [p.question_id for p in load_prompts("chat")]
-    assert [p.question_id for p in search_prompts({"name": "chat", "offset": 10, "limit": 3}, eval_data)] == chat[10:13]
+    searched = search_prompts(DataSettings(name="chat", offset=10, limit=3), eval_data)
+    assert [p.question_id for p in searched] == chat[10:13]
     assert "warning" not in capsys.readouterr().out
-    search_prompts({"name": "chat", "offset": 8, "limit": 4}, eval_data)
+    search_prompts(DataSettings(name="chat", offset=8, limit=4), eval_data)
     assert "2 search prompts are also evaluation prompts" in capsys.readouterr().out
-    with pytest.raises(SelfspecError, match="leaves no prompts"):
-        search_prompts({"name": "chat", "offset": 40, "limit": 4})
+    with pytest.raises(SelfspecError, match="^search.data"):
+        search_prompts(DataSettings(name="chat", offset=40, limit=4))
 
 
 def test_seed_candidates_follow_the_upper_half_the_layer_range_and_the_draft_vocabulary():
@@ -179,23 +194,34 @@ def test_step_costs_price_skipped_sublayers_the_draft_head_and_the_verification(
     assert costs.step_ms(5, 7.0) == 5 * 7.0 + 15.0  # beyond the measured sizes: the largest one
 
 
+def test_step_costs_price_a_trace_and_the_acceptance_a_draft_needs():
+    costs = StepCosts(verify_ms=[10.0, 12.0, 15.0], attn_ms=[], mlp_ms=[], output_ms=0.0)
+    # steps (drafted, emitted): (2, 3) costs 2 d + c(3), (1, 1) costs d + c(2), (0, 1) costs c(1)
+    assert costs.trace_ms([(2, 3), (1, 1), (0, 1)], 2.0) == (5 * 10.0, (4.0 + 15.0) + (2.0 + 12.0) + 10.0)
+    # a = 0.5, k = 2: E = 1 + 0.5 + 0.25 tokens for 2 d + c(3) = 19 ms, plain 17.5 ms
+    assert costs.speedup_at_acceptance(0.5, 2, 2.0) == pytest.approx(17.5 / 19.0)
+    assert costs.speedup_at_acceptance(0.9, 1, 0.0) == pytest.approx(19.0 / 12.0)  # n-gram drafts cost nothing
+    # k = 1 breaks even at (1 + a) 10 >= 2.05 + 12, a >= 0.405; k = 2 needs a >= 0.577
+    assert costs.break_even(1.0, 2.05) == 0.41
+    assert costs.break_even(5.0, 2.05) is None  # even a = 1 gives at most 30 / 19.1
+
+
 def test_cost_model_objective_prices_each_step_of_the_trace():
     """measure(...) with costs: modelled_speedup = emitted x c(1) / sum(k d + c(k + 1)) over the real steps."""
-    cfg = config("model=tiny_llama", "model.dtype=float64")
-    loaded = load_model(cfg.model)
-    settings = SamplingSettings(**{**cfg.sampling, "max_new_tokens": 12})
+    run_settings = settings("model=tiny_llama", "model.dtype=float64")
+    loaded = load_model(run_settings.model)
+    sampling = dataclasses.replace(run_settings.sampling, max_new_tokens=12)
     prompt_ids = [encode_prompt(loaded.tokenizer, p) for p in load_prompts("chat")[1:3]]
     costs = StepCosts([10.0 + q for q in range(13)], [1.0] * 6, [2.0] * 6, 3.0)
     skip = SkipSet((3, 5), (4,))
-    metrics = measure(loaded.model, prompt_ids, settings, skip, cfg.draft, loaded.tokenizer.eos_token_id, 0, 6,
-                      costs=costs)
+    metrics = measure(loaded.model, prompt_ids, sampling, Candidate(skip), run_settings.draft,
+                      loaded.tokenizer.eos_token_id, 0, 6, costs=costs)
     d = 10.0 - 2 * 1.0 - 2.0
-    policy = make_exit_policy(cfg.draft, True)
+    drafter = SelfDrafter(loaded.model, skip, make_exit_policy(run_settings.draft, True))
     emitted = modelled = 0.0
     for index, ids in enumerate(prompt_ids):
         generator = torch.Generator().manual_seed(index)
-        for step in generate(loaded.model, ids, settings, SelfDrafter(loaded.model, skip), policy,
-                             loaded.tokenizer.eos_token_id, generator).steps:
+        for step in generate(loaded.model, ids, sampling, drafter, loaded.tokenizer.eos_token_id, generator).steps:
             emitted += step.emitted
             modelled += step.drafted * d + 10.0 + step.drafted
     assert metrics["modelled_speedup"] == pytest.approx(emitted * 10.0 / modelled, rel=1e-12)
@@ -205,7 +231,7 @@ def test_cost_model_study_with_early_exit_and_draft_vocabulary_feeds_self_spec_s
     cfg = config("model=tiny_llama", "model.dtype=float64", "search.n_trials=8", "search.objective=cost_model",
                  "search.early_exit=true", "search.draft_vocab_sizes=[null,64]", "search.n_startup_trials=4",
                  "search.max_skip_fraction=0.7")
-    run(cfg, tmp_path)
+    run(from_config(cfg), tmp_path)
 
     trials = read_jsonl(tmp_path / "trials.jsonl")
     assert {t["draft_vocab_size"] for t in trials} <= {None, 64}
@@ -225,10 +251,10 @@ def test_cost_model_study_with_early_exit_and_draft_vocabulary_feeds_self_spec_s
                                                 "data=chat", "data.limit=1", "sampling.max_new_tokens=8",
                                                 "strategies=[plain,self_spec_searched]", *overrides])
     (tmp_path / "eval").mkdir()
-    summary = run(evaluation(f"searched_skip.path={tmp_path / 'best_skip.yaml'}"), tmp_path / "eval")
+    summary = run(from_config(evaluation(f"searched_skip.path={tmp_path / 'best_skip.yaml'}")), tmp_path / "eval")
     assert summary["self_spec_searched"]["outputs_match_plain"] == 1.0
     with pytest.raises(SelfspecError, match="ships none"):
-        run(evaluation(), tmp_path)
+        run(from_config(evaluation()), tmp_path)
 
 
 def test_fail_dead_trials_marks_only_trials_of_dead_local_workers(tmp_path):
@@ -262,7 +288,7 @@ def test_a_study_is_tied_to_its_model(tmp_path):
 ])
 def test_bad_search_settings_raise_one_line_errors(tmp_path, override, message):
     with pytest.raises(SelfspecError) as error:
-        run(config("model=tiny_llama", override), tmp_path)
+        run(from_config(config("model=tiny_llama", override)), tmp_path)
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
