@@ -87,7 +87,7 @@ def test_load_search_reads_trials_the_best_skip_set_and_the_objective(tmp_path):
     assert (search.best, search.num_layers, search.model) == (SkipSet(attn=(1,), mlp=(0, 2)), 4, "m")
     assert (search.objective, search.best_trial) == ("pareto", 0)
     (tmp_path / "best_skip.yaml").write_text("attn: [9]\nmlp: []\nnum_layers: 4\n")
-    with pytest.raises(SelfspecError, match=r"best_skip.yaml: skip.attn: layer id 9 is out of range"):
+    with pytest.raises(SelfspecError, match=r"best_skip.yaml: attn: layer id 9 is out of range"):
         runs_.load_search(tmp_path)
     with pytest.raises(SelfspecError, match="no trials.jsonl"):
         runs_.load_search(tmp_path / "nothing")
