@@ -48,7 +48,7 @@ def evaluate(strategies: list[Strategy], prompts: list[Prompt], prompt_ids: list
                 matches_plain=result.new_tokens == plain.new_tokens if plain else None,
                 gated_steps=result.gated_steps, peak_mem_mb=max(peaks) if peaks else None,
                 output_ids=result.new_tokens, output_text=tokenizer.decode(result.new_tokens),
-                steps=result.step_dicts())
+                steps=result.steps)
             append_record(records_path, record)
             if logger is not None:
                 logger.log_prompt(index, record)

@@ -8,19 +8,10 @@ import typing
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from selfspec.decoding.results import RecordedStep
 from selfspec.errors import SelfspecError
 
 T = typing.TypeVar("T")
-
-
-@dataclass
-class RecordedStep:
-    """A verification step as the figures read it back from records.jsonl: StepRecord's counts and threshold (its
-    timings and the rest stay in the file; the shipped sample records drop them)."""
-    drafted: int
-    accepted: int
-    emitted: int
-    threshold: float
 
 
 @dataclass
@@ -44,7 +35,7 @@ class PromptRecord:
     peak_mem_mb: float | None = None  # peak memory growth during generate, MiB, max over repeats (CPU: peak RSS)
     output_ids: list[int] = field(default_factory=list)
     output_text: str = ""
-    steps: list[RecordedStep] = field(default_factory=list)  # one per verification (written: StepRecord dicts)
+    steps: list[RecordedStep] = field(default_factory=list)  # one per verification (written: every StepRecord field)
 
 
 def append_record(path: Path, record: PromptRecord) -> None:

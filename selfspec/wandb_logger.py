@@ -41,9 +41,9 @@ class WandbLogger:
         for step in record.steps:
             self.verify_steps[name] += 1
             self._log({f"{name}/verify_step": self.verify_steps[name],
-                       f"{name}/step_acceptance": step["accepted"] / step["drafted"] if step["drafted"] else None,
-                       f"{name}/step_drafted": step["drafted"],
-                       f"{name}/step_threshold": step["threshold"]})
+                       f"{name}/step_acceptance": step.accepted / step.drafted if step.drafted else None,
+                       f"{name}/step_drafted": step.drafted,
+                       f"{name}/step_threshold": step.threshold})
         self._log({"prompt": index, f"{name}/prompt_tokens_per_s": record.tokens_per_s,
                    f"{name}/prompt_speedup": record.speedup,
                    f"{name}/prompt_acceptance_rate": record.acceptance_rate})

@@ -45,14 +45,23 @@ def run_py(*overrides):
 @pytest.mark.parametrize("overrides,message", [
     (["draft=threshold", "draft.threshold=1.5"], "draft.threshold=1.5 is outside [0, 1]"),
     (["sampling.max_new_tokens=-3"], "sampling.max_new_tokens=-3 must be >= 1"),
-    (["skip.attn=[0,99]"], "layer id 99 is out of range; allowed: 0..5"),
+    (["skip.attn=[0,99]"], "skip.attn: layer id 99 is out of range; allowed: 0..5"),
     (["data=jsonl"], "data.path"),
     (["strategies=[plain,fastest]"], "strategy 'fastest' is unknown"),
+    # what a new user tries (issue 14): each ends in one line naming the key and what is allowed
+    (["sampling.max_new_tokens=abc"], "sampling.max_new_tokens=abc is not allowed; it must be an integer"),
+    (["draft.threshold=high"], "draft.threshold=high is not allowed; it must be a number"),
+    (["search=optuna", "search.n_trials=-3"], "search.n_trials=-3 must be >= 1"),
+    (["skip=file", "skip.path={broken}"], "skip.path='{broken}' is not valid YAML (line 2)"),
 ])
 def test_bad_values_end_with_one_clear_line(tmp_path, overrides, message):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("attn: [1, 2\nmlp: ]\n")
+    overrides = [o.format(broken=broken) for o in overrides]
     result = run_py("model=tiny_llama", "logger=none", "data.limit=1", f"hydra.run.dir={tmp_path}", *overrides)
     assert result.returncode != 0
-    assert message in result.stderr
+    (line,) = result.stderr.strip().splitlines()[-1:]
+    assert line.startswith("selfspec: error: ") and message.format(broken=broken) in line, result.stderr
     assert "Traceback" not in result.stderr
 
 

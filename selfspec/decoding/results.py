@@ -1,15 +1,21 @@
 """What one generation produced and how: per-verification records and per-prompt metrics."""
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 
 @dataclass
-class StepRecord:
-    """One full-model forward after the prefill: the draft it verified and what it kept."""
+class RecordedStep:
+    """A verification step's counts and draft-exit threshold: what the figures read back from records.jsonl (the
+    shipped sample records keep only these)."""
     drafted: int
     accepted: int
     emitted: int  # tokens appended by this step: accepted drafts + the correction/bonus token (after EOS/length cut)
     threshold: float
+
+
+@dataclass
+class StepRecord(RecordedStep):
+    """One full-model forward after the prefill: the draft it verified, what it kept, and how long it took."""
     draft_s: float
     verify_s: float
     source: str = ""  # which drafter proposed the draft ("model", "ngram"); "" when nothing was drafted
@@ -49,6 +55,3 @@ class GenerationResult:
     @property
     def tokens_per_s(self) -> float:
         return len(self.new_tokens) / self.elapsed_s if self.elapsed_s > 0 else 0.0
-
-    def step_dicts(self) -> list[dict]:
-        return [asdict(s) for s in self.steps]
