@@ -23,7 +23,7 @@ def check_exit_layer(exit_layer: int | None, layers: int) -> int:
     """`kangaroo.exit_layer` as a layer count in 1..layers-1; None = half the layers (see conf/kangaroo)."""
     if exit_layer is None:
         return layers // 2
-    if isinstance(exit_layer, bool) or not isinstance(exit_layer, int) or not 1 <= exit_layer < layers:
+    if not 1 <= exit_layer < layers:
         raise SelfspecError(f"kangaroo.exit_layer={exit_layer!r} is out of range; allowed: 1..{layers - 1} "
                             f"(layers kept before the adapter)")
     return exit_layer
