@@ -15,7 +15,8 @@ from selfspec.settings import DataSettings
 PROMPTS_DIR = Path(__file__).parent / "prompts"  # package data: chat.jsonl, summarize.jsonl
 SHIPPED_SETS = ("chat", "summarize")
 PROMPT_SETS = ("humaneval", *SHIPPED_SETS, "jsonl")
-REQUIRED_FIELDS = ("question_id", "category", "turns")
+REQUIRED_FIELDS = ("question_id", "turns")
+DEFAULT_CATEGORY = "default"  # for records without a category
 
 
 @dataclass(frozen=True)
@@ -95,7 +96,7 @@ def read_prompt_file(path: Path) -> list[Prompt]:
     if not path.is_file():
         raise SelfspecError(f"prompt file {str(path)!r} not found; pass an existing JSON-lines file")
     prompts = []
-    for line_number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for line_number, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), start=1):
         if not line.strip():
             continue
         try:
@@ -109,8 +110,9 @@ def read_prompt_file(path: Path) -> list[Prompt]:
 
 
 def parse_prompt_line(line: str) -> Prompt:
-    """One JSON line -> a chat Prompt. question_id may be a number (MT-bench uses ints); reference may be a
-    per-turn list (MT-bench), of which we keep the first."""
+    """One JSON line -> a chat Prompt. question_id may be a number (MT-bench uses ints); category is optional;
+    reference may be any JSON (never decoded): a string, or the first string of a per-turn list (MT-bench), is
+    kept, anything else (Spec-Bench's lists of lists) is dropped. Unknown fields are ignored."""
     try:
         record = json.loads(line)
     except json.JSONDecodeError as err:
@@ -127,10 +129,8 @@ def parse_prompt_line(line: str) -> Prompt:
         raise SelfspecError(f"turns must be a non-empty list of strings, got {_short(turns)}")
     if isinstance(reference, list):
         reference = reference[0] if reference else None
-    if reference is not None and not isinstance(reference, str):
-        raise SelfspecError(f"reference must be a string, a list of strings or absent, got {_short(reference)}")
-    return Prompt(question_id=str(question_id), category=record["category"], turns=tuple(turns), chat=True,
-                  reference=reference)
+    return Prompt(question_id=str(question_id), category=record.get("category", DEFAULT_CATEGORY), turns=tuple(turns),
+                  chat=True, reference=reference if isinstance(reference, str) else None)
 
 
 def check_unique_ids(prompts: list[Prompt], path: Path) -> None:

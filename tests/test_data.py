@@ -76,10 +76,23 @@ def test_unknown_name_lists_allowed_sets():
 GOOD_LINE = json.dumps({"question_id": "ok", "category": "c", "turns": ["fine"]})
 
 
+def test_spec_bench_lines_load_as_published(tmp_path):
+    """A UTF-8 byte-order mark, a retrieval entry whose reference is a list of lists, a record without category."""
+    rag = {"question_id": 421, "category": "rag", "turns": ["When did it open?"],
+           "reference": [["October 6 , 2017", "September 24 , 2017"]]}
+    path = tmp_path / "question.jsonl"
+    path.write_text("\ufeff" + "\n".join(json.dumps(r) for r in [rag, {"question_id": "x", "turns": ["Hi."]}]),
+                    encoding="utf-8")
+    prompts = load_prompts("jsonl", path=str(path))
+    assert prompts == [Prompt("421", "rag", ("When did it open?",), chat=True, reference=None),
+                       Prompt("x", "default", ("Hi.",), chat=True)]
+
+
 @pytest.mark.parametrize("bad_line, expected", [
     ('{"question_id": "a", "turns": [', "invalid JSON"),
     ('["not", "an", "object"]', "JSON object"),
     ('{"question_id": "a", "category": "c"}', "missing turns"),
+    ('{"question_id": "a", "category": 5, "turns": ["x"]}', "category must be a string"),
     ('{"question_id": "a", "category": "c", "turns": []}', "[]"),
     ('{"question_id": "a", "category": "c", "turns": "just a string"}', "'just a string'"),
     ('{"question_id": "a", "category": "c", "turns": ["   "]}', "'   '"),
