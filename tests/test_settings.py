@@ -29,6 +29,7 @@ def test_searched_skip_path_wins_over_the_models_set():
     (["draft.threshold=1.5"], "draft.threshold=1.5 is outside [0, 1]"),
     (["sampling.temperature=-1"], "sampling.temperature=-1.0 is negative"),
     (["warmup=maybe"], "warmup=maybe is not allowed; it must be true or false"),
+    (["kangaroo.exit_layer=2.5"], "kangaroo.exit_layer=2.5 is not allowed; it must be an integer"),
     (["skip.attn=[a]"], "skip.attn[0]=a is not allowed; it must be an integer"),
     (["+sampling.tempreature=1"], "sampling.tempreature is not a known key"),
     (["data=jsonl"], "data.path is not set"),
