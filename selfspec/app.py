@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from selfspec.cost_model import CostMeter
 from selfspec.data import encode_prompt, load_prompt_set
 from selfspec.decoding.strategies import make_strategy
 from selfspec.evaluate import evaluate
@@ -13,7 +14,7 @@ from selfspec.models.draft_head import DraftHead, make_draft_head
 from selfspec.models.loading import LoadedModel, load_model
 from selfspec.models.skip import SkipSet, num_layers
 from selfspec.models.skip_config import resolve_skip
-from selfspec.records import markdown_table
+from selfspec.records import markdown_table, verdict
 from selfspec.settings import RunSettings, named
 from selfspec.wandb_logger import make_logger
 
@@ -38,8 +39,9 @@ def run(settings: RunSettings, out_dir: Path) -> dict:
     print(f"skip set ({skip.fraction(layers):.0%} of {2 * layers} sublayers): attn={list(skip.attn)} mlp={list(skip.mlp)}")
     heads = DraftHeads(loaded)
     searched = searched_draft(settings, layers, heads) if "self_spec_searched" in settings.strategies else None
+    costs = CostMeter(loaded.model, max(settings.draft.max_tokens, settings.draft.ngram_tokens) + 1)
     strategies = [make_strategy(name, loaded.model, sampling, loaded.tokenizer.eos_token_id, skip, settings.draft,
-                                draft_model, heads(vocab_size), settings.hf, settings.kangaroo, searched)
+                                draft_model, heads(vocab_size), settings.hf, settings.kangaroo, searched, costs)
                   for name in settings.strategies]
     logger = make_logger(settings.logger, dataclasses.asdict(settings), out_dir)
     try:
@@ -51,7 +53,7 @@ def run(settings: RunSettings, out_dir: Path) -> dict:
         if logger is not None:
             logger.finish()
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    table = markdown_table(summary)
+    table = f"{markdown_table(summary)}\n\n{verdict(summary)}"
     (out_dir / "summary.md").write_text(f"{loaded.name}, {len(prompts)} prompts, {sampling}\n\n{table}\n")
     print(f"\n{loaded.name}: {len(prompts)} prompts, max_new_tokens={sampling.max_new_tokens}, "
           f"{'greedy' if sampling.greedy else 'sampling'}\n{table}\n\nrecords: {out_dir}")

@@ -147,6 +147,22 @@ def markdown_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def verdict(summary: dict) -> str:
+    """One sentence under the table: which strategy was fastest and, for each strategy slower than plain decoding,
+    why, in measured terms: tokens per verification step against the time of a step in plain steps."""
+    timed = {name: row for name, row in summary.items() if name != "plain" and row.get("speedup")}
+    if not timed:
+        return ""
+    best = max(timed, key=lambda name: timed[name]["speedup"])
+    parts = [f"{best} was fastest at {timed[best]['speedup']:.2f}x plain decoding"]
+    for name, row in timed.items():
+        tokens = row["mean_accepted_tokens"]
+        if row["speedup"] < 1 and tokens:
+            parts.append(f"{name} ran {row['speedup']:.2f}x: its steps emitted {tokens:.2f} tokens each but took "
+                         f"{tokens / row['speedup']:.2f} plain steps' time (drafting cost more than it saved)")
+    return "; ".join(parts) + "."
+
+
 def _fmt(value) -> str:
     if value is None:
         return "-"

@@ -21,7 +21,7 @@ from selfspec.errors import SelfspecError
 MODEL_SOURCES = ("smollm2", "gemma3_270m", "hub", "tiny")
 TINY_FAMILIES = ("llama", "gemma2")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
-POLICIES = ("fixed", "threshold", "adaptive")
+POLICIES = ("fixed", "threshold", "adaptive", "cost")
 OBJECTIVES = ("tokens_per_s", "acceptance", "pareto", "cost_model")
 SAMPLERS = ("tpe", "gp", "random")
 LOGGERS = ("wandb", "none")
@@ -88,7 +88,7 @@ class ModelSettings:
 
 @dataclass(kw_only=True)
 class DraftSettings:
-    """The `draft` group: the draft-exit policy (fixed | threshold | adaptive) and the drafters' own options."""
+    """The `draft` group: the draft-exit policy (fixed | threshold | adaptive | cost) and the drafters' own options."""
     policy: str
     max_tokens: int
     threshold: Optional[float] = None  # threshold, adaptive (its start); None: draft_exit.default_threshold
@@ -100,9 +100,12 @@ class DraftSettings:
     ngram_size: int
     ngram_tokens: int
     target_gate: Optional[float] = None
+    hybrid_policy: Optional[str] = "cost"  # self_spec_hybrid's policy (copies and model drafts); None: `policy`
 
     def __post_init__(self):
         one_of("policy", self.policy, POLICIES)
+        if self.hybrid_policy is not None:
+            one_of("hybrid_policy", self.hybrid_policy, POLICIES)
         at_least("max_tokens", self.max_tokens, 1)
         for name in ("threshold", "beta1", "target_acceptance", "epsilon", "beta2", "target_gate"):
             in_unit(name, getattr(self, name))

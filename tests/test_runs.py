@@ -13,7 +13,7 @@ from selfspec import plots
 from selfspec import runs as runs_
 from selfspec.errors import SelfspecError
 from selfspec.models.skip import SkipSet
-from selfspec.records import PromptRecord, RecordedStep, read_jsonl, read_records
+from selfspec.records import PromptRecord, RecordedStep, read_jsonl, read_records, verdict
 
 
 def write_lines(path: Path, rows) -> Path:
@@ -173,3 +173,13 @@ def test_log_figures_logs_one_image_per_figure():
     run = Run()
     figs.log_figures(run, {"a": plots.plot_skip_mask(SkipSet(attn=(0,)), 2)})
     assert list(run.logged) == ["figures/a"] and isinstance(run.logged["figures/a"], wandb.Image)
+
+
+def test_verdict_names_the_fastest_and_says_why_slower_strategies_lost():
+    summary = {"plain": {"speedup": 1.0, "mean_accepted_tokens": 1.0},
+               "self_spec": {"speedup": 0.8, "mean_accepted_tokens": 2.0},
+               "self_spec_hybrid": {"speedup": 1.25, "mean_accepted_tokens": 1.5}}
+    assert verdict(summary) == ("self_spec_hybrid was fastest at 1.25x plain decoding; self_spec ran 0.80x: its "
+                                "steps emitted 2.00 tokens each but took 2.50 plain steps' time (drafting cost "
+                                "more than it saved).")
+    assert verdict({"plain": summary["plain"]}) == ""
