@@ -38,7 +38,7 @@ def measured_draft_ms(model, skip, head) -> float:
                 forward(model, cache, [5], CONTEXT, last_only=True)
             else:
                 head.logits(forward_hidden(model, cache, [5], CONTEXT))
-    return timed_ms(draft_token)
+    return timed_ms(draft_token, model.device)
 
 
 def main(overrides: list[str]) -> None:

@@ -12,7 +12,6 @@ With per-token acceptance a instead of a trace, a step of k drafts emits E = (1 
 """
 
 import statistics
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -21,6 +20,7 @@ from selfspec.models.cache import forward, forward_hidden, new_cache
 from selfspec.models.draft_head import DraftHead
 from selfspec.models.output_layer import model_logits
 from selfspec.models.skip import SkipSet, decoder_layers
+from selfspec.timing import clock
 
 CONTEXT, REPEATS = 200, 15
 
@@ -79,14 +79,14 @@ def expected_speedup(mean_accepted_tokens: float, drafted_per_step: float, skipp
     return mean_accepted_tokens / (1 + drafted_per_step * (1 - skipped_fraction))
 
 
-def timed_ms(step, repeats: int = REPEATS) -> float:
-    """Median milliseconds of `step()` after one untimed call."""
+def timed_ms(step, device: torch.device | str = "cpu", repeats: int = REPEATS) -> float:
+    """Median milliseconds of `step()` (running on `device`) after one untimed call."""
     step()
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock(device)
         step()
-        times.append(time.perf_counter() - start)
+        times.append(clock(device) - start)
     return 1000 * statistics.median(times)
 
 
@@ -94,12 +94,12 @@ def measure_step_costs(model, max_q: int, heads: dict[int, DraftHead] | None = N
     """c(1..max_q), per-sublayer and output-layer costs of `model` at a CONTEXT-token context."""
     cache = new_cache(model, CONTEXT + max_q)
     forward(model, cache, [5 + i % 100 for i in range(CONTEXT)], 0)
-    verify = [timed_ms(lambda: forward(model, cache, [5] * q, CONTEXT)) for q in range(1, max_q + 1)]
+    verify = [timed_ms(lambda: forward(model, cache, [5] * q, CONTEXT), model.device) for q in range(1, max_q + 1)]
     attn, mlp = sublayer_ms(model, lambda: forward(model, cache, [5], CONTEXT))
     hidden = forward_hidden(model, cache, [5], CONTEXT)  # (hidden,)
     with torch.inference_mode():
-        output = timed_ms(lambda: model_logits(model, hidden[None]))
-        head_ms = {n: timed_ms(lambda: head.logits(hidden)) for n, head in (heads or {}).items()}
+        output = timed_ms(lambda: model_logits(model, hidden[None]), model.device)
+        head_ms = {n: timed_ms(lambda: head.logits(hidden), model.device) for n, head in (heads or {}).items()}
     return StepCosts(verify, attn, mlp, output, head_ms)
 
 
@@ -112,9 +112,9 @@ def sublayer_ms(model, step) -> tuple[list[float], list[float]]:
     handles = []
     for kind, i, module in modules:
         handles.append(module.register_forward_pre_hook(
-            lambda m, args, key=(kind, i): started.__setitem__(key, time.perf_counter())))
+            lambda m, args, key=(kind, i): started.__setitem__(key, clock(model.device))))
         handles.append(module.register_forward_hook(
-            lambda m, args, out, key=(kind, i): times[key].append(time.perf_counter() - started[key])))
+            lambda m, args, out, key=(kind, i): times[key].append(clock(model.device) - started[key])))
     try:
         for _ in range(REPEATS + 1):
             step()
