@@ -27,5 +27,19 @@ def main(cfg) -> None:
         sys.exit(2)
 
 
+def check_run_dir(argv: list[str]) -> None:
+    """Hydra makes the run dir before main() and fails with a traceback; a given hydra.run.dir is checked first."""
+    from selfspec.run_dir import check_output_dir
+
+    for arg in argv:
+        if arg.startswith("hydra.run.dir="):
+            try:
+                check_output_dir(Path(arg.split("=", 1)[1]))
+            except SelfspecError as error:
+                print(f"selfspec: error: {error}", file=sys.stderr)
+                sys.exit(2)
+
+
 if __name__ == "__main__":
+    check_run_dir(sys.argv[1:])
     main()

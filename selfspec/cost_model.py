@@ -12,7 +12,6 @@ With per-token acceptance a instead of a trace, a step of k drafts emits E = (1 
 """
 
 import statistics
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -21,6 +20,7 @@ from selfspec.models.cache import forward, forward_hidden, new_cache
 from selfspec.models.draft_head import DraftHead
 from selfspec.models.output_layer import model_logits
 from selfspec.models.skip import SkipSet, decoder_layers, skipping
+from selfspec.timing import clock
 
 CONTEXT, REPEATS = 200, 15
 
@@ -118,14 +118,14 @@ def expected_speedup(mean_accepted_tokens: float, drafted_per_step: float, skipp
     return mean_accepted_tokens / (1 + drafted_per_step * (1 - skipped_fraction))
 
 
-def timed_ms(step, repeats: int = REPEATS) -> float:
-    """Median milliseconds of `step()` after one untimed call."""
+def timed_ms(step, device: torch.device | str = "cpu", repeats: int = REPEATS) -> float:
+    """Median milliseconds of `step()` (running on `device`) after one untimed call."""
     step()
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock(device)
         step()
-        times.append(time.perf_counter() - start)
+        times.append(clock(device) - start)
     return 1000 * statistics.median(times)
 
 
@@ -138,7 +138,8 @@ def _context_cache(model, max_q: int):
 def measure_verify_ms(model, max_q: int, repeats: int = REPEATS, cache=None) -> list[float]:
     """c(1..max_q): median milliseconds of a q-token forward of the full model after a CONTEXT-token context."""
     cache = cache or _context_cache(model, max_q)
-    return [timed_ms(lambda: forward(model, cache, [5] * q, CONTEXT), repeats) for q in range(1, max_q + 1)]
+    return [timed_ms(lambda: forward(model, cache, [5] * q, CONTEXT), model.device, repeats)
+            for q in range(1, max_q + 1)]
 
 
 def measure_draft_ms(model, skip: SkipSet, head: DraftHead | None = None, repeats: int = REPEATS) -> float:
@@ -151,7 +152,7 @@ def measure_draft_ms(model, skip: SkipSet, head: DraftHead | None = None, repeat
                 forward(model, cache, [5], CONTEXT, last_only=True)
             else:
                 head.logits(forward_hidden(model, cache, [5], CONTEXT))
-    return timed_ms(draft_token, repeats)
+    return timed_ms(draft_token, model.device, repeats)
 
 
 def measure_step_costs(model, max_q: int, heads: dict[int, DraftHead] | None = None) -> StepCosts:
@@ -161,8 +162,8 @@ def measure_step_costs(model, max_q: int, heads: dict[int, DraftHead] | None = N
     attn, mlp = sublayer_ms(model, lambda: forward(model, cache, [5], CONTEXT))
     hidden = forward_hidden(model, cache, [5], CONTEXT)  # (hidden,)
     with torch.inference_mode():
-        output = timed_ms(lambda: model_logits(model, hidden[None]))
-        head_ms = {n: timed_ms(lambda: head.logits(hidden)) for n, head in (heads or {}).items()}
+        output = timed_ms(lambda: model_logits(model, hidden[None]), model.device)
+        head_ms = {n: timed_ms(lambda: head.logits(hidden), model.device) for n, head in (heads or {}).items()}
     return StepCosts(verify, attn, mlp, output, head_ms)
 
 
@@ -175,9 +176,9 @@ def sublayer_ms(model, step) -> tuple[list[float], list[float]]:
     handles = []
     for kind, i, module in modules:
         handles.append(module.register_forward_pre_hook(
-            lambda m, args, key=(kind, i): started.__setitem__(key, time.perf_counter())))
+            lambda m, args, key=(kind, i): started.__setitem__(key, clock(model.device))))
         handles.append(module.register_forward_hook(
-            lambda m, args, out, key=(kind, i): times[key].append(time.perf_counter() - started[key])))
+            lambda m, args, out, key=(kind, i): times[key].append(clock(model.device) - started[key])))
     try:
         for _ in range(REPEATS + 1):
             step()

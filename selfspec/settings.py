@@ -27,6 +27,7 @@ SAMPLERS = ("tpe", "gp", "random")
 LOGGERS = ("wandb", "none")
 WANDB_MODES = ("offline", "online", "disabled")
 TASKS = ("evaluate", "kangaroo_train")
+TURNS = ("first", "all")
 T = TypeVar("T")
 
 
@@ -127,9 +128,11 @@ class DataSettings:
     path: Optional[str] = None
     limit: Optional[int] = None
     offset: int = 0  # prompts skipped at the start of each set (search.data: after the evaluation prompts)
+    turns: str = "first"  # first: decode each prompt's first turn | all: every turn, on the strategy's own answers
 
     def __post_init__(self):
         at_least("limit", self.limit, 1, " (prompts per set), or null for all")
+        one_of("turns", self.turns, TURNS)
         at_least("offset", self.offset, 0)
         if not self.names or not all(isinstance(n, str) for n in self.names):
             raise SelfspecError(f"name={self.name!r} is not allowed; give a prompt-set name or a list of them")
@@ -245,6 +248,8 @@ class RunOptions:
     strategies: list[str]
     repeats: int
     warmup: bool
+    resume: bool = False  # continue the records.jsonl in the run dir (same settings) instead of moving it aside
+    spec_bench_answers: bool = False  # also write <run dir>/model_answer/<model>-<strategy>.jsonl (Spec-Bench)
 
     def __post_init__(self):
         one_of("task", self.task, TASKS)
