@@ -190,6 +190,7 @@ class CostAwareExit(DraftExit):
             counts = self.bins[_bin(confidence)]
             counts[0] += i < accepted
             counts[1] += 1
+        self.confidences = []  # an update without a draft before it (a resumed run's replay) moves only the rate
 
 
 def _bin(confidence: float) -> int:
