@@ -155,9 +155,15 @@ class SearchSettings:
     enqueue_seeds: bool
     max_new_tokens: int
     data: DataSettings
+    heartbeat_interval: int  # RDB storages: seconds between a running trial's heartbeats
+    grace_period: int  # RDB storages: a trial without a heartbeat for this long is failed (and retried)
+    max_retry: int  # times a trial failed by the heartbeat is run again
 
     def __post_init__(self):
         at_least("n_trials", self.n_trials, 1, " (trials in the study in total)")
+        at_least("heartbeat_interval", self.heartbeat_interval, 1, " seconds")
+        at_least("grace_period", self.grace_period, self.heartbeat_interval + 1, " seconds (above heartbeat_interval)")
+        at_least("max_retry", self.max_retry, 0)
         one_of("objective", self.objective, OBJECTIVES)
         one_of("sampler", self.sampler, SAMPLERS)
         at_least("n_startup_trials", self.n_startup_trials, 0)
