@@ -240,6 +240,30 @@ class KangarooSettings:
     train: TrainSettings
 
 
+@dataclass(frozen=True)
+class LaunchSettings:
+    """How run.py was started (Hydra's runtime config, read at the edge by `launch_settings`): a single run, or job
+    `job_num` of the multirun sweep in `sweep_dir`, started by `launcher` (class name, e.g. JoblibLauncher)."""
+    sweep_dir: Optional[str] = None
+    job_num: Optional[int] = None
+    launcher: Optional[str] = None
+
+    @property
+    def parallel(self) -> bool:
+        """Jobs of the sweep may run at once: any launcher but Hydra's BasicLauncher (one job after another)."""
+        return self.sweep_dir is not None and self.launcher != "BasicLauncher"
+
+
+def launch_settings(hydra) -> LaunchSettings:
+    """The LaunchSettings of a Hydra job from its runtime config (`HydraConfig.get()`)."""
+    from hydra.types import RunMode
+
+    if hydra.mode != RunMode.MULTIRUN:
+        return LaunchSettings()
+    return LaunchSettings(sweep_dir=str(hydra.sweep.dir), job_num=hydra.job.num,
+                          launcher=str(hydra.launcher._target_).rpartition(".")[2])
+
+
 @dataclass(kw_only=True)
 class RunOptions:
     """The top-level keys of conf/config.yaml."""
@@ -268,6 +292,7 @@ class RunSettings(RunOptions):
     logger: LoggerSettings
     hf: HFSettings
     kangaroo: KangarooSettings
+    launch: LaunchSettings = field(default_factory=LaunchSettings)  # set by run.py from Hydra's runtime config
 
 
 def typed(cls: type[T], values, key: str) -> T:
