@@ -78,6 +78,16 @@ def done_folder(outputs: Path, experiment: Experiment, scale: str) -> Path | Non
     return None
 
 
+def new_folder(parent: Path) -> Path:
+    """parent/<date_time> as Hydra names runs, with -2, -3, ... if a run (a failed one) already has that second."""
+    stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    folder, n = parent / stamp, 1
+    while folder.exists():
+        n += 1
+        folder = parent / f"{stamp}-{n}"
+    return folder
+
+
 def reproduce(scale: str, outputs: Path, experiments: list[Experiment], run=subprocess.run, log=print) -> list[Path]:
     """Run every experiment not yet done at `scale` under `outputs`, one after another; returns their folders.
     `run(argv, cwd=...)` runs a command line (subprocess.run; tests pass a fake)."""
@@ -89,7 +99,7 @@ def reproduce(scale: str, outputs: Path, experiments: list[Experiment], run=subp
             log(f"{step}: skipped, done at scale {scale} in {folder}")
             folders.append(folder)
             continue
-        folder = Path(outputs) / "experiments" / experiment.name / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+        folder = new_folder(Path(outputs) / "experiments" / experiment.name)
         argv = command(experiment, folder)
         log(f"{step}: running {' '.join(argv[1:])}")
         start = time.monotonic()
