@@ -44,6 +44,7 @@ def test_launch_settings_tell_single_runs_sequential_and_parallel_sweeps_apart()
     assert (joblib.launcher, joblib.parallel) == ("JoblibLauncher", True)
 
 
+@pytest.mark.slow
 def test_a_parallel_job_warns_once_and_marks_its_summary(tmp_path, capsys):
     settings = run_settings(*TINY, "logger=none")
     for job in ("single", "1"):
