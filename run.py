@@ -15,11 +15,12 @@ def main(cfg) -> None:
     # imported after Hydra parsed the command line: `--help` stays fast
     from selfspec.app import run
     from selfspec.kangaroo_train import train
-    from selfspec.settings import from_config
+    from selfspec.settings import from_config, launch_settings
 
     tasks = {"evaluate": run, "kangaroo_train": train}
     try:
         settings = from_config(cfg)
+        settings.launch = launch_settings(HydraConfig.get())
         print(OmegaConf.to_yaml(cfg, resolve=True))
         tasks[settings.task](settings, Path(HydraConfig.get().runtime.output_dir))
     except SelfspecError as error:

@@ -1,6 +1,7 @@
 """The main job behind run.py: load the model and prompts, decode with every strategy, write the records."""
 
 import dataclasses
+import sys
 from pathlib import Path
 
 import torch
@@ -24,6 +25,11 @@ from selfspec.wandb_logger import make_logger
 
 def run(settings: RunSettings, out_dir: Path) -> dict:
     torch.manual_seed(settings.seed)
+    launch = settings.launch
+    if launch.parallel:
+        print(f"selfspec: warning: job {launch.job_num} of a sweep started by {launch.launcher}, whose jobs run at the "
+              f"same time: they share the cores, so tokens/s and speedups are not comparable across jobs "
+              f"(summary.json: parallel_launcher)", file=sys.stderr)
     sampling = settings.sampling
     stored = dataclasses.asdict(settings)
     resumed = open_run_dir(out_dir, stored, settings.resume)  # first: a bad run dir ends before any loading
@@ -52,10 +58,13 @@ def run(settings: RunSettings, out_dir: Path) -> dict:
     strategies = [make_strategy(name, loaded.model, sampling, loaded.tokenizer.eos_token_id, skip, settings.draft,
                                 draft_model, heads(vocab_size), settings.hf, settings.kangaroo, searched, costs)
                   for name in settings.strategies]
-    logger = make_logger(settings.logger, stored, out_dir)
+    logger = make_logger(settings.logger, stored, out_dir, group=launch.sweep_dir)
     try:
         summary = evaluate(strategies, prompts, prompt_ids, loaded.tokenizer, out_dir, settings.seed, settings.repeats,
                            settings.warmup, logger, all_turns, earlier)
+        if launch.parallel:  # timings measured while other jobs ran
+            for row in summary.values():
+                row["parallel_launcher"] = launch.launcher
         if logger is not None:
             logger.log_summary(summary)
     finally:

@@ -19,7 +19,7 @@ from selfspec.errors import SelfspecError
 RECORDS_FILE = "records.jsonl"
 SETTINGS_FILE = "settings.json"
 RUN_FILES = (RECORDS_FILE, "summary.json", "summary.md", SETTINGS_FILE, "model_answer")
-UNCHECKED_KEYS = ("resume", "spec_bench_answers", "logger")  # change neither what is decoded nor what is recorded
+UNCHECKED_KEYS = ("resume", "spec_bench_answers", "logger", "launch")  # change neither what is decoded nor what is recorded
 
 
 def check_output_dir(path: Path) -> None:

@@ -161,9 +161,15 @@ class SearchSettings:
     enqueue_seeds: bool
     max_new_tokens: int
     data: DataSettings
+    heartbeat_interval: int  # RDB storages: seconds between a running trial's heartbeats
+    grace_period: int  # RDB storages: a trial without a heartbeat for this long is failed (and retried)
+    max_retry: int  # times a trial failed by the heartbeat is run again
 
     def __post_init__(self):
         at_least("n_trials", self.n_trials, 1, " (trials in the study in total)")
+        at_least("heartbeat_interval", self.heartbeat_interval, 1, " seconds")
+        at_least("grace_period", self.grace_period, self.heartbeat_interval + 1, " seconds (above heartbeat_interval)")
+        at_least("max_retry", self.max_retry, 0)
         one_of("objective", self.objective, OBJECTIVES)
         one_of("sampler", self.sampler, SAMPLERS)
         at_least("n_startup_trials", self.n_startup_trials, 0)
@@ -240,6 +246,30 @@ class KangarooSettings:
     train: TrainSettings
 
 
+@dataclass(frozen=True)
+class LaunchSettings:
+    """How run.py was started (Hydra's runtime config, read at the edge by `launch_settings`): a single run, or job
+    `job_num` of the multirun sweep in `sweep_dir`, started by `launcher` (class name, e.g. JoblibLauncher)."""
+    sweep_dir: Optional[str] = None
+    job_num: Optional[int] = None
+    launcher: Optional[str] = None
+
+    @property
+    def parallel(self) -> bool:
+        """Jobs of the sweep may run at once: any launcher but Hydra's BasicLauncher (one job after another)."""
+        return self.sweep_dir is not None and self.launcher != "BasicLauncher"
+
+
+def launch_settings(hydra) -> LaunchSettings:
+    """The LaunchSettings of a Hydra job from its runtime config (`HydraConfig.get()`)."""
+    from hydra.types import RunMode
+
+    if hydra.mode != RunMode.MULTIRUN:
+        return LaunchSettings()
+    return LaunchSettings(sweep_dir=str(hydra.sweep.dir), job_num=hydra.job.num,
+                          launcher=str(hydra.launcher._target_).rpartition(".")[2])
+
+
 @dataclass(kw_only=True)
 class RunOptions:
     """The top-level keys of conf/config.yaml."""
@@ -270,6 +300,7 @@ class RunSettings(RunOptions):
     logger: LoggerSettings
     hf: HFSettings
     kangaroo: KangarooSettings
+    launch: LaunchSettings = field(default_factory=LaunchSettings)  # set by run.py from Hydra's runtime config
 
 
 def typed(cls: type[T], values, key: str) -> T:
