@@ -1,31 +1,7 @@
-"""selfspec entry point: `python run.py [group=option ...]` (see conf/config.yaml and the README)."""
+"""selfspec entry point: `python run.py [group=option ...]` (see conf/config.yaml and the README); the same as the
+`selfspec` console command (selfspec/cli.py)."""
 
-import sys
-from pathlib import Path
-
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import OmegaConf
-
-from selfspec.errors import SelfspecError
-
-
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg) -> None:
-    # imported after Hydra parsed the command line: `--help` stays fast
-    from selfspec.app import run
-    from selfspec.kangaroo_train import train
-    from selfspec.settings import from_config
-
-    tasks = {"evaluate": run, "kangaroo_train": train}
-    try:
-        settings = from_config(cfg)
-        print(OmegaConf.to_yaml(cfg, resolve=True))
-        tasks[settings.task](settings, Path(HydraConfig.get().runtime.output_dir))
-    except SelfspecError as error:
-        print(f"selfspec: error: {str(error).splitlines()[0]}", file=sys.stderr)
-        sys.exit(2)
-
+from selfspec.cli import main
 
 if __name__ == "__main__":
     main()

@@ -6,6 +6,7 @@ probability of the token it last emitted is at or below `target_gate`, the next 
 """
 
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -51,6 +52,22 @@ def generate(model, prompt: list[int], settings: SamplingSettings, drafter: Draf
              target_gate: float | None = None) -> GenerationResult:
     """Generate up to settings.max_new_tokens tokens after `prompt` (batch size 1), stopping at EOS; plain
     decoding without a drafter."""
+    start = time.perf_counter()
+    new_tokens, steps, prefill_s = [], [], 0.0
+    for new, step in decode_steps(model, prompt, settings, drafter, eos_token_id, generator, target_gate):
+        new_tokens += new
+        if step is None:
+            prefill_s = time.perf_counter() - start
+        else:
+            steps.append(step)
+    return GenerationResult(new_tokens, time.perf_counter() - start, prefill_s, steps)
+
+
+def decode_steps(model, prompt: list[int], settings: SamplingSettings, drafter: Drafter | None = None,
+                 eos_token_id: int | None = None, generator: torch.Generator | None = None,
+                 target_gate: float | None = None) -> Iterator[tuple[list[int], StepRecord | None]]:
+    """`generate` one step at a time: yields the prefill's first token with step None, then each verification's
+    new tokens and record. A consumer that stops iterating stops the generation there (streaming, disconnects)."""
     if not prompt:
         raise SelfspecError("empty prompt: it must hold at least one token")
     if target_gate is not None and not 0.0 <= target_gate <= 1.0:
@@ -60,19 +77,16 @@ def generate(model, prompt: list[int], settings: SamplingSettings, drafter: Draf
     if drafter is not None:
         drafter.begin(context)
 
-    start = time.perf_counter()
     first, confidence = prefill(model, context, prompt)
     tokens = prompt + [first]
-    prefill_s = time.perf_counter() - start
-    steps = []
+    yield [first], None
     while tokens[-1] != eos_token_id and len(tokens) - len(prompt) < settings.max_new_tokens:
         remaining = settings.max_new_tokens - (len(tokens) - len(prompt))
         gated = drafter is not None and target_gate is not None and confidence <= target_gate
         new, step = speculative_step(model, context, tokens, remaining, drafter, gated)
         confidence = step.target_confidence
         tokens += new
-        steps.append(step)
-    return GenerationResult(tokens[len(prompt):], time.perf_counter() - start, prefill_s, steps)
+        yield new, step
 
 
 def prefill(model, context: GenerationContext, prompt: list[int]) -> tuple[int, float]:
