@@ -19,9 +19,10 @@ def main(cfg) -> None:
     # imported after Hydra parsed the command line: `--help` stays fast
     from selfspec.app import run
     from selfspec.kangaroo_train import train
+    from selfspec.serve import serve
     from selfspec.settings import from_config
 
-    tasks = {"evaluate": run, "kangaroo_train": train}
+    tasks = {"evaluate": run, "kangaroo_train": train, "serve": serve}
     try:
         settings = from_config(cfg)
         print(OmegaConf.to_yaml(cfg, resolve=True))

@@ -33,7 +33,7 @@ DEFAULT_DRAFT = DraftSettings(policy="adaptive", max_tokens=12, beta1=0.5, targe
 STRATEGIES = tuple(name for name in NAMES if name not in HF_STRATEGIES)  # ours: the ones that stream
 
 Prompt = str | list[dict] | list[int]  # raw text | chat messages ({"role", "content"}) | token ids
-SkipSpec = SkipSet | SkipSettings | dict | str | Path | None  # a skip set, {"attn": [...], "mlp": [...]}, a best_skip.yaml
+SkipSpec = SkipSet | SkipSettings | dict | str | Path | None  # {"attn": [...], "mlp": [...]} or a best_skip.yaml
 
 
 @dataclass
