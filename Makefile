@@ -13,7 +13,7 @@ LIMIT ?= 10
 OUT ?=
 ARGS ?=
 
-.PHONY: help install run test test-fast bench search figures reproduce clean
+.PHONY: help install run test test-fast bench search figures reproduce serve clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -31,7 +31,12 @@ install: $(VENV)/.installed  ## Create .venv and install torch, selfspec and the
 run: install  ## Self-speculative vs plain decoding on the embedded default model (SmolLM2-135M)
 	$(PY) run.py $(ARGS)
 
-test: install  ## Run the test suite
+# The page test's headless browser: Debian's chromium and its driver (nothing downloaded at run time).
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+/usr/bin/chromedriver:
+	$(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium chromium-driver
+
+test: install /usr/bin/chromedriver  ## Run the test suite
 	$(PY) -m pytest -q $(ARGS)
 
 test-fast: install  ## Run the tests not marked slow (about 3 minutes; no embedded models, run.py runs or notebooks)
@@ -58,6 +63,11 @@ SCALE ?= smoke
 reproduce: install  ## Every experiment behind the figures (SCALE=smoke: minutes, SCALE=paper: hours; done ones skipped), then the figures
 	$(PY) -m selfspec.reproduce --scale $(SCALE) $(ARGS)
 	$(PY) -m selfspec.figures --outputs outputs --out outputs/figures
+
+PORT ?= 8000
+
+serve: install  ## OpenAI-compatible server + page on http://127.0.0.1:PORT/ (MODEL=, PORT=, ARGS=)
+	$(PY) run.py task=serve model=$(MODEL) serve.port=$(PORT) $(ARGS)
 
 clean:  ## Remove the virtual environment
 	rm -rf $(VENV)

@@ -1,46 +1,7 @@
-"""selfspec entry point: `python run.py [group=option ...]` (see conf/config.yaml and the README)."""
+"""selfspec entry point: `python run.py [group=option ...]` (see conf/config.yaml and the README); the same as the
+`selfspec` console command (selfspec/cli.py)."""
 
-import sys
-from pathlib import Path
-
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import OmegaConf
-
-from selfspec.errors import SelfspecError
-
-
-@hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg) -> None:
-    # imported after Hydra parsed the command line: `--help` stays fast
-    from selfspec.app import run
-    from selfspec.kangaroo_train import train
-    from selfspec.settings import from_config, launch_settings
-
-    tasks = {"evaluate": run, "kangaroo_train": train}
-    try:
-        settings = from_config(cfg)
-        settings.launch = launch_settings(HydraConfig.get())
-        print(OmegaConf.to_yaml(cfg, resolve=True))
-        tasks[settings.task](settings, Path(HydraConfig.get().runtime.output_dir))
-    except SelfspecError as error:
-        print(f"selfspec: error: {str(error).splitlines()[0]}", file=sys.stderr)
-        sys.exit(2)
-
-
-def check_run_dir(argv: list[str]) -> None:
-    """Hydra makes the run dir before main() and fails with a traceback; a given hydra.run.dir is checked first."""
-    from selfspec.run_dir import check_output_dir
-
-    for arg in argv:
-        if arg.startswith("hydra.run.dir="):
-            try:
-                check_output_dir(Path(arg.split("=", 1)[1]))
-            except SelfspecError as error:
-                print(f"selfspec: error: {error}", file=sys.stderr)
-                sys.exit(2)
-
+from selfspec.cli import main
 
 if __name__ == "__main__":
-    check_run_dir(sys.argv[1:])
     main()

@@ -26,7 +26,7 @@ OBJECTIVES = ("tokens_per_s", "acceptance", "pareto", "cost_model")
 SAMPLERS = ("tpe", "gp", "random")
 LOGGERS = ("wandb", "none")
 WANDB_MODES = ("offline", "online", "disabled")
-TASKS = ("evaluate", "kangaroo_train")
+TASKS = ("evaluate", "kangaroo_train", "serve")
 TURNS = ("first", "all")
 T = TypeVar("T")
 
@@ -271,6 +271,23 @@ def launch_settings(hydra) -> LaunchSettings:
 
 
 @dataclass(kw_only=True)
+class ServeSettings:
+    """The `serve` group: the OpenAI-compatible server of `task=serve` (selfspec/serve/)."""
+    host: str
+    port: int
+    strategy: str  # what requests decode with (the page's toggle and `"strategy": "plain"` add plain decoding)
+    max_queue: int  # requests waiting behind the running one; one more is answered 429
+    max_tokens: int  # the most new tokens a request may ask for
+    api_key: Optional[str] = None  # set: /v1 requests need `Authorization: Bearer <api_key>`
+
+    def __post_init__(self):
+        if not 1 <= self.port <= 65535:
+            raise SelfspecError(f"port={self.port!r} is outside [1, 65535]")
+        at_least("max_queue", self.max_queue, 0)
+        at_least("max_tokens", self.max_tokens, 1)
+
+
+@dataclass(kw_only=True)
 class RunOptions:
     """The top-level keys of conf/config.yaml."""
     task: str
@@ -301,6 +318,7 @@ class RunSettings(RunOptions):
     hf: HFSettings
     kangaroo: KangarooSettings
     launch: LaunchSettings = field(default_factory=LaunchSettings)  # set by run.py from Hydra's runtime config
+    serve: Optional[ServeSettings] = None
 
 
 def typed(cls: type[T], values, key: str) -> T:
@@ -378,7 +396,8 @@ def from_config(cfg: DictConfig) -> RunSettings:
         sampling=typed(SamplingSettings, plain["sampling"], "sampling"),
         search=typed(SearchSettings, plain["search"], "search") if plain.get("search") else None,
         data=typed(DataSettings, plain["data"], "data"), logger=typed(LoggerSettings, plain["logger"], "logger"),
-        hf=typed(HFSettings, plain["hf"], "hf"), kangaroo=typed(KangarooSettings, plain["kangaroo"], "kangaroo"))
+        hf=typed(HFSettings, plain["hf"], "hf"), kangaroo=typed(KangarooSettings, plain["kangaroo"], "kangaroo"),
+        serve=typed(ServeSettings, plain["serve"], "serve") if plain.get("serve") else None)
 
 
 def _resolved(cfg: DictConfig) -> dict:

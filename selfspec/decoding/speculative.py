@@ -5,6 +5,8 @@ speculative decoding share this loop and its sampling code. Target-confidence ga
 probability of the token it last emitted is at or below `target_gate`, the next step does not draft.
 """
 
+from collections.abc import Iterator
+
 import torch
 
 from selfspec.decoding.drafters import Draft, Drafter, GenerationContext
@@ -50,6 +52,22 @@ def generate(model, prompt: list[int], settings: SamplingSettings, drafter: Draf
              target_gate: float | None = None) -> GenerationResult:
     """Generate up to settings.max_new_tokens tokens after `prompt` (batch size 1), stopping at EOS; plain
     decoding without a drafter."""
+    start = clock(model.device)
+    new_tokens, steps, prefill_s = [], [], 0.0
+    for new, step in decode_steps(model, prompt, settings, drafter, eos_token_id, generator, target_gate):
+        new_tokens += new
+        if step is None:
+            prefill_s = clock(model.device) - start
+        else:
+            steps.append(step)
+    return GenerationResult(new_tokens, clock(model.device) - start, prefill_s, steps)
+
+
+def decode_steps(model, prompt: list[int], settings: SamplingSettings, drafter: Drafter | None = None,
+                 eos_token_id: int | None = None, generator: torch.Generator | None = None,
+                 target_gate: float | None = None) -> Iterator[tuple[list[int], StepRecord | None]]:
+    """`generate` one step at a time: yields the prefill's first token with step None, then each verification's
+    new tokens and record. A consumer that stops iterating stops the generation there (streaming, disconnects)."""
     if not prompt:
         raise SelfspecError("empty prompt: it must hold at least one token")
     if target_gate is not None and not 0.0 <= target_gate <= 1.0:
@@ -59,19 +77,16 @@ def generate(model, prompt: list[int], settings: SamplingSettings, drafter: Draf
     if drafter is not None:
         drafter.begin(context)
 
-    start = clock(model.device)
     first, confidence = prefill(model, context, prompt)
     tokens = prompt + [first]
-    prefill_s = clock(model.device) - start
-    steps = []
+    yield [first], None
     while tokens[-1] != eos_token_id and len(tokens) - len(prompt) < settings.max_new_tokens:
         remaining = settings.max_new_tokens - (len(tokens) - len(prompt))
         gated = drafter is not None and target_gate is not None and confidence <= target_gate
         new, step = speculative_step(model, context, tokens, remaining, drafter, gated)
         confidence = step.target_confidence
         tokens += new
-        steps.append(step)
-    return GenerationResult(tokens[len(prompt):], clock(model.device) - start, prefill_s, steps)
+        yield new, step
 
 
 def prefill(model, context: GenerationContext, prompt: list[int]) -> tuple[int, float]:

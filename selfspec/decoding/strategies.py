@@ -8,6 +8,7 @@ Names: `plain`; `self_spec` (the configured draft exit) or `self_spec_<fixed|thr
 takes `draft.target_gate`.
 """
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -17,9 +18,9 @@ from selfspec.decoding.draft_exit import make_exit_policy
 from selfspec.decoding.drafters import (Drafter, HybridDrafter, KangarooDrafter, ModelDrafter, NgramDrafter,
                                         SelfDrafter)
 from selfspec.decoding.hf_baselines import HF_STRATEGIES, HFStrategy, make_hf_strategy
-from selfspec.decoding.results import GenerationResult
+from selfspec.decoding.results import GenerationResult, StepRecord
 from selfspec.decoding.sampling import SamplingSettings
-from selfspec.decoding.speculative import generate
+from selfspec.decoding.speculative import decode_steps, generate
 from selfspec.errors import SelfspecError
 from selfspec.models.draft_head import DraftHead
 from selfspec.models.kangaroo_adapter import load_adapter
@@ -43,6 +44,12 @@ class Strategy:
     def generate(self, prompt: list[int], generator: torch.Generator | None = None) -> GenerationResult:
         return generate(self.model, prompt, self.settings, self.drafter, self.eos_token_id, generator,
                         self.target_gate)
+
+    def steps(self, prompt: list[int], generator: torch.Generator | None = None
+              ) -> Iterator[tuple[list[int], StepRecord | None]]:
+        """`generate` step by step (decoding/speculative.py `decode_steps`), for streaming."""
+        return decode_steps(self.model, prompt, self.settings, self.drafter, self.eos_token_id, generator,
+                            self.target_gate)
 
 
 def make_strategy(name: str, model, settings: SamplingSettings, eos_token_id, skip: SkipSet, draft: DraftSettings,

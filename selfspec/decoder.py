@@ -1,0 +1,145 @@
+"""The Python API: self-speculative decoding over a transformers model and tokenizer that the caller already loaded.
+
+    decoder = SelfSpeculativeDecoder(model, tokenizer, skip={"attn": [3, 5], "mlp": [4]})
+    reply = decoder.generate([{"role": "user", "content": "Hi"}], max_new_tokens=64)
+    print(reply.text, reply.stats.acceptance_rate)
+    for chunk in decoder.stream("def fib(n):"): print(chunk.text, end="")
+
+It builds the same `Strategy` (decoding/strategies.py) that run.py, the benchmark and the search decode with.
+"""
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from selfspec.data import as_token_ids
+from selfspec.decoding.hf_baselines import HF_STRATEGIES
+from selfspec.decoding.sampling import SamplingSettings
+from selfspec.decoding.strategies import NAMES, Strategy, make_strategy
+from selfspec.errors import SelfspecError
+from selfspec.models.draft_head import make_draft_head
+from selfspec.models.skip import SkipSet, num_layers
+from selfspec.models.skip_config import resolve_skip
+from selfspec.settings import DraftSettings, KangarooSettings, SkipSettings, named
+from selfspec.streaming import Chunk, DecodingStats, stream_chunks
+
+# The config's defaults (conf/draft/adaptive.yaml and the draft block of conf/config.yaml), for callers without one.
+DEFAULT_DRAFT = DraftSettings(policy="adaptive", max_tokens=12, beta1=0.5, target_acceptance=0.9, epsilon=0.01,
+                              beta2=0.9, ngram_size=2, ngram_tokens=10)
+STRATEGIES = tuple(name for name in NAMES if name not in HF_STRATEGIES)  # ours: the ones that stream
+
+Prompt = str | list[dict] | list[int]  # raw text | chat messages ({"role", "content"}) | token ids
+SkipSpec = SkipSet | SkipSettings | dict | str | Path | None  # {"attn": [...], "mlp": [...]} or a best_skip.yaml
+
+
+@dataclass
+class Completion:
+    text: str  # before the first stop string, special tokens left out
+    token_ids: list[int]  # every new token, EOS included
+    sources: list[str]  # per token of token_ids: "model" | "ngram" | "verified" (streaming.py)
+    prompt_tokens: int
+    finish_reason: str  # "stop" (EOS or a stop string) | "length"
+    stats: DecodingStats
+
+
+class SelfSpeculativeDecoder:
+    """One model, batch size 1. `strategy` is any of STRATEGIES (`plain` decodes without drafts); `skip` is the
+    layer-skip draft's skip set (default: none skipped); `draft` the draft options (default DEFAULT_DRAFT, the
+    adaptive draft exit); `draft_model` drafts for `two_model`, `kangaroo` names the adapter of `kangaroo`,
+    `searched` the skip set of `self_spec_searched`."""
+
+    def __init__(self, model, tokenizer, skip: SkipSpec = None, draft: DraftSettings | None = None,
+                 strategy: str = "self_spec", draft_model=None, kangaroo: KangarooSettings | None = None,
+                 searched: SkipSpec = None):
+        if strategy not in STRATEGIES:
+            raise SelfspecError(f"strategy={strategy!r} is not allowed; allowed: {', '.join(STRATEGIES)}")
+        draft = draft or DEFAULT_DRAFT
+        layers = num_layers(model)
+        skip_set, file_vocab = _skip_set(skip, layers, "skip")
+        heads = partial(make_draft_head, model, tokenizer)
+        vocab = draft.vocab_size or file_vocab
+        searched_draft = None
+        if searched is not None:
+            searched_skip, searched_vocab = _skip_set(searched, layers, "searched")
+            searched_draft = (searched_skip, heads(searched_vocab) if searched_vocab else None)
+        self.model, self.tokenizer, self.name = model, tokenizer, strategy
+        self._make = partial(make_strategy, strategy, model, eos_token_id=tokenizer.eos_token_id, skip=skip_set,
+                             draft=draft, draft_model=draft_model, draft_head=heads(vocab) if vocab else None,
+                             kangaroo=kangaroo, searched=searched_draft)
+        self._strategies: dict[bool, Strategy] = {}
+        self.strategy(SamplingSettings())  # a bad combination fails here, not at the first request
+
+    def strategy(self, sampling: SamplingSettings) -> Strategy:
+        """The Strategy decoding with `sampling`; one per mode (greedy or sampled), so a draft-exit policy keeps
+        adapting across calls as across a benchmark's prompts."""
+        if sampling.greedy not in self._strategies:
+            self._strategies[sampling.greedy] = self._make(settings=sampling)
+        return dataclasses.replace(self._strategies[sampling.greedy], settings=sampling)
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """Token ids: raw text as is; chat messages through the tokenizer's chat template (as run.py's chat
+        prompts), or their contents joined by newlines if it has none; token ids unchanged."""
+        if isinstance(prompt, str):
+            ids = as_token_ids(self.tokenizer(prompt))
+        elif isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+            ids = self._chat_ids(prompt)
+        elif isinstance(prompt, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = list(prompt)
+        else:
+            raise SelfspecError(f"prompt={repr(prompt)[:60]} is not allowed; give text, chat messages "
+                                f"[{{'role': ..., 'content': ...}}] or token ids")
+        if not ids:
+            raise SelfspecError("prompt encodes to no tokens; give some text")
+        return ids
+
+    def stream(self, prompt: Prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
+               top_k: int = 0, repetition_penalty: float = 1.0, seed: int | None = None,
+               stop: Sequence[str] = ()) -> Iterator[Chunk]:
+        """One Chunk per verification step (its accepted tokens, their text and sources, the stats so far), then
+        a last one with the finish reason. Stopping the iteration stops the generation at the next step."""
+        ids = self.encode(prompt)
+        sampling = SamplingSettings(temperature, top_k, top_p, repetition_penalty, max_new_tokens)
+        generator = torch.Generator(self.model.device).manual_seed(seed) if seed is not None else None
+        steps = self.strategy(sampling).steps(ids, generator)
+        return stream_chunks(steps, self.tokenizer, self.tokenizer.eos_token_id, stop)
+
+    def generate(self, prompt: Prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
+                 top_k: int = 0, repetition_penalty: float = 1.0, seed: int | None = None,
+                 stop: Sequence[str] = ()) -> Completion:
+        """The whole reply (see `stream` for the arguments): greedy by default, lossless for every strategy."""
+        ids = self.encode(prompt)
+        chunks = list(self.stream(ids, max_new_tokens, temperature, top_p, top_k, repetition_penalty, seed, stop))
+        tokens = [token for chunk in chunks for token in chunk.tokens]
+        return Completion("".join(t.text for t in tokens), [t.id for t in tokens], [t.source for t in tokens],
+                          len(ids), chunks[-1].finish_reason, chunks[-1].stats)
+
+    def _chat_ids(self, messages: list[dict]) -> list[int]:
+        for index, message in enumerate(messages):
+            if not isinstance(message.get("role"), str) or not isinstance(message.get("content"), str):
+                raise SelfspecError(f"messages[{index}]={repr(message)[:60]} is not allowed; each message needs "
+                                    f"a 'role' and a text 'content'")
+        if getattr(self.tokenizer, "chat_template", None):
+            return as_token_ids(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                                   tokenize=True))
+        return as_token_ids(self.tokenizer("\n".join(m["content"] for m in messages)))
+
+
+def _skip_set(skip: SkipSpec, layers: int, name: str) -> tuple[SkipSet, int | None]:
+    """(skip set, the draft vocabulary a best_skip.yaml was searched with, or None)."""
+    if skip is None:
+        return SkipSet(), None
+    if isinstance(skip, SkipSet):
+        skip = SkipSettings(attn=list(skip.attn), mlp=list(skip.mlp))
+    elif isinstance(skip, dict):
+        unknown = set(skip) - {"attn", "mlp"}
+        if unknown:
+            raise SelfspecError(f"{name}: keys {sorted(unknown)} are not allowed; allowed: attn, mlp")
+        skip = SkipSettings(attn=list(skip.get("attn", [])), mlp=list(skip.get("mlp", [])))
+    elif isinstance(skip, (str, Path)):
+        skip = SkipSettings(path=str(skip))
+    with named(name):
+        return resolve_skip(skip, layers)

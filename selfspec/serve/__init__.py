@@ -1,0 +1,39 @@
+"""`task=serve` (`make serve`): serve the configured model and strategy over an OpenAI-compatible HTTP API and a page
+(app.py; request bodies in schemas.py, the one-at-a-time queue in queue.py, the page in static/index.html)."""
+
+from pathlib import Path
+
+from selfspec.errors import SelfspecError
+from selfspec.settings import RunSettings
+
+
+def serve(settings: RunSettings, out_dir: Path) -> None:
+    """Load the model once, build the served strategy and plain decoding over it, and serve until interrupted."""
+    try:
+        import uvicorn
+
+        from selfspec.serve.app import make_app
+    except ImportError as missing:
+        raise SelfspecError(f"task=serve needs the serve extra ({missing.name} is missing): "
+                            f"pip install -e '.[serve]'") from None
+    from selfspec.decoder import STRATEGIES, SelfSpeculativeDecoder
+    from selfspec.models.loading import load_model
+
+    if settings.serve.strategy not in STRATEGIES:
+        raise SelfspecError(f"serve.strategy={settings.serve.strategy!r} is not allowed; "
+                            f"allowed: {', '.join(STRATEGIES)}")
+    loaded = load_model(settings.model)
+    draft_model = load_model(settings.draft_model).model if settings.draft_model else None
+    name = settings.serve.strategy
+    decoders = {name: SelfSpeculativeDecoder(loaded.model, loaded.tokenizer, settings.skip, settings.draft, name,
+                                             draft_model, settings.kangaroo,
+                                             settings.searched_skip if name == "self_spec_searched" else None),
+                "plain": SelfSpeculativeDecoder(loaded.model, loaded.tokenizer, strategy="plain")}
+    if settings.warmup:  # the first forward pays for lazy initialisation; not the first request
+        for decoder in decoders.values():
+            decoder.generate("Hello", max_new_tokens=4)
+    app = make_app(decoders, loaded.name, settings.serve, settings.sampling)
+    host, port = settings.serve.host, settings.serve.port
+    print(f"selfspec: serving {loaded.name} ({settings.serve.strategy}) on http://{host}:{port} "
+          f"(page: /, API: /v1/chat/completions, /v1/completions)", flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

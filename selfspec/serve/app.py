@@ -1,0 +1,160 @@
+"""The FastAPI app: OpenAI-compatible /v1/chat/completions and /v1/completions (streamed as Server-Sent Events, one
+event per verification step), /v1/models, /health and the page at /.
+
+Decoding is blocking torch work: each step runs in a worker thread (anyio waits for a started step even when the
+request is cancelled, so two requests never share the model), and the request queue lets one request decode at a
+time. A streaming client that disconnects cancels its response (sse-starlette); a waiting one leaves the queue.
+"""
+
+import json
+from pathlib import Path
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse
+from sse_starlette import EventSourceResponse
+from starlette.background import BackgroundTask
+from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.exceptions import HTTPException
+
+from selfspec.decoder import SelfSpeculativeDecoder
+from selfspec.decoding.sampling import SamplingSettings
+from selfspec.errors import SelfspecError
+from selfspec.serve.queue import QueueFull, RequestQueue, Ticket
+from selfspec.serve.schemas import ChatCompletionRequest, CompletionRequest, Reply, Request as Body, error
+from selfspec.settings import ServeSettings
+
+PAGE = Path(__file__).parent / "static" / "index.html"
+
+
+class BadRequest(Exception):
+    """A 4xx answered in OpenAI's error shape."""
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status, self.param, self.code = status, param, code
+
+
+def make_app(decoders: dict[str, SelfSpeculativeDecoder], model_name: str, serve: ServeSettings,
+             sampling: SamplingSettings) -> FastAPI:
+    """`decoders`: strategy name -> decoder over the one model; requests use serve.strategy unless they name
+    another (`"strategy": "plain"`)."""
+    app = FastAPI(title="selfspec", docs_url=None, redoc_url=None)
+    queue = RequestQueue(serve.max_queue)
+    context_length = getattr(next(iter(decoders.values())).model.config, "max_position_embeddings", None)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_, exc: RequestValidationError):
+        first = exc.errors()[0]
+        if first["type"] == "json_invalid":
+            return error(400, f"the body is not valid JSON: {first.get('ctx', {}).get('error', first['msg'])}")
+        where = ".".join(str(part) for part in first["loc"] if part != "body") or "body"
+        value = "" if first["type"] == "missing" else f" (got {json.dumps(first.get('input'), default=str)[:60]})"
+        return error(400, f"{where}: {first['msg']}{value}", param=where)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_, exc: HTTPException):
+        return error(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(_, exc: BadRequest):
+        kind = "authentication_error" if exc.status == 401 else "invalid_request_error"
+        return error(exc.status, str(exc), exc.param, exc.code, kind)
+
+    @app.exception_handler(QueueFull)
+    async def queue_full(_, exc: QueueFull):
+        return error(429, f"{exc}: one request decodes at a time and serve.max_queue={queue.max_waiting} wait",
+                     code="queue_full", kind="rate_limit_error", headers={"Retry-After": str(exc.retry_after_s)})
+
+    def authorize(request: Request) -> None:
+        if serve.api_key and request.headers.get("authorization") != f"Bearer {serve.api_key}":
+            raise BadRequest(401, "missing or wrong API key: send the header `Authorization: Bearer <key>`",
+                             code="invalid_api_key")
+
+    @app.get("/")
+    async def page():
+        return FileResponse(PAGE)
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok", "model": model_name, "strategy": serve.strategy, "strategies": list(decoders),
+                "running": queue.running, "waiting": queue.waiting, "max_queue": queue.max_waiting,
+                "auth": serve.api_key is not None}
+
+    @app.get("/v1/models", dependencies=[Depends(authorize)])
+    async def models():
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "selfspec"}]}
+
+    @app.post("/v1/completions", dependencies=[Depends(authorize)])
+    async def completions(body: CompletionRequest, request: Request):
+        return await respond(body, body.prompt, request, chat=False)
+
+    @app.post("/v1/chat/completions", dependencies=[Depends(authorize)])
+    async def chat_completions(body: ChatCompletionRequest, request: Request):
+        return await respond(body, [{"role": m.role, "content": m.text} for m in body.messages], request, chat=True)
+
+    async def respond(body: Body, prompt, request: Request, chat: bool):
+        if body.model != model_name:
+            raise BadRequest(404, f"model={body.model!r} is not served here; allowed: {model_name}", "model",
+                             "model_not_found")
+        name = body.strategy or serve.strategy
+        if name not in decoders:
+            raise BadRequest(400, f"strategy={name!r} is not served here; allowed: {', '.join(decoders)}", "strategy")
+        decoder = decoders[name]
+        try:
+            ids = decoder.encode(prompt)
+            max_tokens = check_length(len(ids), body.max_tokens or sampling.max_new_tokens)
+            chunks = decoder.stream(ids, max_tokens, _or(body.temperature, sampling.temperature),
+                                    _or(body.top_p, sampling.top_p), _or(body.top_k, sampling.top_k),
+                                    sampling.repetition_penalty, body.seed, body.stops)
+        except SelfspecError as exc:
+            raise BadRequest(400, str(exc).splitlines()[0]) from None
+        reply, ticket = Reply(chat, model_name, name, len(ids)), queue.take()
+        if body.stream:
+            return EventSourceResponse(events(chunks, reply, ticket), sep="\n",
+                                       background=BackgroundTask(ticket.release))
+        try:
+            return await whole(chunks, reply, ticket, request)
+        finally:
+            ticket.release()
+
+    def check_length(prompt_tokens: int, max_tokens: int) -> int:
+        if max_tokens > serve.max_tokens:
+            raise BadRequest(400, f"max_tokens={max_tokens} is above this server's limit {serve.max_tokens} "
+                                  f"(serve.max_tokens)", "max_tokens")
+        if context_length and prompt_tokens + max_tokens > context_length:
+            raise BadRequest(400, f"the prompt's {prompt_tokens} tokens plus max_tokens={max_tokens} exceed the "
+                                  f"model's context of {context_length} tokens", "max_tokens",
+                             "context_length_exceeded")
+        return max_tokens
+
+    async def events(chunks, reply: Reply, ticket: Ticket):
+        async with ticket.turn():
+            try:
+                first, stats = True, None
+                async for chunk in iterate_in_threadpool(chunks):
+                    yield json.dumps(reply.event(chunk, first))
+                    first, stats = False, chunk.stats
+                yield json.dumps(reply.usage_event(stats))
+            finally:
+                chunks.close()  # no step is running here: iterate_in_threadpool waited for it
+        yield "[DONE]"
+
+    async def whole(chunks, reply: Reply, ticket: Ticket, request: Request) -> dict:
+        text = []
+        async with ticket.turn():
+            try:
+                while True:  # the last chunk has a finish_reason
+                    chunk = await run_in_threadpool(next, chunks)
+                    text.append(chunk.text)
+                    if chunk.finish_reason is not None:
+                        return reply.whole("".join(text), chunk.finish_reason, chunk.stats)
+                    if await request.is_disconnected():
+                        return {}  # nobody reads the answer: stop decoding here
+            finally:
+                chunks.close()
+
+    return app
+
+
+def _or(value, default):
+    return default if value is None else value

@@ -1,0 +1,107 @@
+"""Request bodies of the OpenAI-compatible endpoints (pydantic checks types and ranges: a bad field is a 400), the
+error body in OpenAI's shape, and the response and stream-event bodies."""
+
+import time
+import uuid
+from typing import Literal
+
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from selfspec.streaming import Chunk, DecodingStats
+
+
+class Request(BaseModel):
+    """What both endpoints take. Fields OpenAI defines and we do not use (user, logit_bias, ...) are ignored;
+    temperature, top_p and top_k default to the server's `sampling` settings."""
+    model_config = ConfigDict(extra="ignore")
+    model: str
+    stream: bool = False
+    max_tokens: int | None = Field(None, ge=1)
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=0)  # an extension, as in vLLM
+    seed: int | None = None
+    stop: str | list[str] | None = Field(None, max_length=4)
+    n: int = Field(1, ge=1, le=1)  # batch size 1
+    strategy: str | None = None  # an extension: "plain" decodes without drafts (the page's toggle)
+
+    @property
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+
+class TextPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class Message(BaseModel):
+    role: Literal["system", "user", "assistant", "developer"]
+    content: str | list[TextPart]
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+
+class CompletionRequest(Request):
+    """POST /v1/completions: the prompt is raw text."""
+    prompt: str = Field(min_length=1)
+
+
+class ChatCompletionRequest(Request):
+    """POST /v1/chat/completions: the messages go through the tokenizer's chat template, as run.py's chat prompts."""
+    messages: list[Message] = Field(min_length=1)
+
+
+def error(status: int, message: str, param: str | None = None, code: str | None = None,
+          kind: str = "invalid_request_error", headers: dict | None = None) -> JSONResponse:
+    """OpenAI's error body: {"error": {"message", "type", "param", "code"}}."""
+    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def usage(prompt_tokens: int, stats: DecodingStats) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": stats.new_tokens,
+            "total_tokens": prompt_tokens + stats.new_tokens}
+
+
+class Reply:
+    """The response and stream-event bodies of one request, chat or text completion."""
+
+    def __init__(self, chat: bool, model: str, strategy: str, prompt_tokens: int):
+        self.chat, self.model, self.strategy, self.prompt_tokens = chat, model, strategy, prompt_tokens
+        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
+        self.created = int(time.time())
+
+    def _body(self, kind: str, choices: list, **extra) -> dict:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices,
+                **extra}
+
+    def _choice(self, text: str, finish_reason: str | None, first: bool = False, whole: bool = False) -> dict:
+        if not self.chat:
+            return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        if whole:
+            return {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": finish_reason}
+        delta = {"role": "assistant", "content": text} if first else {"content": text}
+        return {"index": 0, "delta": delta, "finish_reason": finish_reason}
+
+    def event(self, chunk: Chunk, first: bool) -> dict:
+        """One step's chunk; `selfspec` carries its tokens as [id, text, source] and the stats so far."""
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        tokens = [[t.id, t.text, t.source] for t in chunk.tokens]
+        return self._body(kind, [self._choice(chunk.text, chunk.finish_reason, first)],
+                          selfspec={"tokens": tokens, "stats": chunk.stats.as_dict()})
+
+    def usage_event(self, stats: DecodingStats) -> dict:
+        """The last event before [DONE]: usage and the decoding stats (as OpenAI's stream_options.include_usage)."""
+        kind = "chat.completion.chunk" if self.chat else "text_completion"
+        return self._body(kind, [], usage=usage(self.prompt_tokens, stats),
+                          selfspec={"strategy": self.strategy, "stats": stats.as_dict()})
+
+    def whole(self, text: str, finish_reason: str, stats: DecodingStats) -> dict:
+        kind = "chat.completion" if self.chat else "text_completion"
+        return self._body(kind, [self._choice(text, finish_reason, whole=True)],
+                          usage=usage(self.prompt_tokens, stats),
+                          selfspec={"strategy": self.strategy, "stats": stats.as_dict()})

@@ -1,0 +1,322 @@
+"""`python run.py task=serve` as a subprocess on a free local port: the openai client and httpx stream replies equal
+to plain greedy decoding, 16 concurrent clients, the queue (429, a disconnect frees it), every bad request's 4xx,
+the API key, and the page in headless Chromium (the screenshot lands in outputs/test_artifacts/)."""
+
+import asyncio
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from conftest import run_settings
+from selfspec import SelfSpeculativeDecoder
+from selfspec.models.loading import load_model
+
+pytestmark = pytest.mark.slow  # run.py server subprocesses
+
+ROOT = Path(__file__).resolve().parents[1]
+ARTIFACTS = ROOT / "outputs" / "test_artifacts"
+TINY = ("model=tiny_llama", "logger=none")
+LONG = (*TINY, "model.seed=1")  # its greedy reply to "a long reply" runs 300 tokens without an EOS
+
+
+@contextmanager
+def server(tmp_path: Path, *overrides: str):
+    """A `run.py task=serve` subprocess on a free port; yields its base URL once /health answers."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = open(tmp_path / "server.log", "w")
+    command = [sys.executable, "run.py", "task=serve", f"serve.port={port}", f"hydra.run.dir={tmp_path}", *overrides]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while not _healthy(url):
+            assert process.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the server did not answer /health within 600 s"
+            time.sleep(0.5)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        log.close()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def tiny_url(tmp_path_factory):
+    with server(tmp_path_factory.mktemp("serve"), *TINY) as url:
+        yield url
+
+
+def plain_decoder(*overrides: str) -> SelfSpeculativeDecoder:
+    """Plain greedy decoding in this process, over the weights a server with these overrides loads."""
+    loaded = load_model(run_settings(*overrides).model)
+    return SelfSpeculativeDecoder(loaded.model, loaded.tokenizer, strategy="plain")
+
+
+@pytest.fixture(scope="module")
+def plain():
+    return plain_decoder(*TINY)
+
+
+def chat(content: str) -> list[dict]:
+    return [{"role": "user", "content": content}]
+
+
+def stream_events(client: httpx.Client, url: str, body: dict) -> list[dict]:
+    with client.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=600) as response:
+        assert response.status_code == 200, response.read()
+        data = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    return [json.loads(event) for event in data[:-1]]
+
+
+def test_the_openai_client_streams_a_chat_reply_equal_to_plain_greedy_decoding(tiny_url, plain):
+    client = OpenAI(base_url=f"{tiny_url}/v1", api_key="unused")
+    chunks = list(client.chat.completions.create(model="tiny_llama", messages=chat("Hello, server"), stream=True,
+                                                 max_tokens=24, temperature=0))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == plain.generate(chat("Hello, server"), max_new_tokens=24).text
+    last = chunks[-1]
+    assert not last.choices and last.usage.completion_tokens == 24
+    stats = last.model_extra["selfspec"]["stats"]
+    assert stats["verify_steps"] + 1 == sum(1 for c in chunks if c.choices and c.choices[0].finish_reason is None)
+    assert 0 <= stats["acceptance_rate"] <= 1 and stats["mean_accepted_tokens"] >= 1 and stats["tokens_per_s"] > 0
+
+
+def test_each_event_carries_one_steps_tokens_and_sources(tiny_url, plain):
+    with httpx.Client() as client:
+        events = stream_events(client, tiny_url, {"model": "tiny_llama", "messages": chat("abab abab abab abab"),
+                                                  "max_tokens": 24, "temperature": 0})
+    tokens = [token for event in events if event["choices"] for token in event["selfspec"]["tokens"]]
+    assert [t[0] for t in tokens] == plain.generate(chat("abab abab abab abab"), max_new_tokens=24).token_ids
+    assert {t[2] for t in tokens} <= {"model", "ngram", "verified"} and "verified" in {t[2] for t in tokens}
+    assert events[-2]["choices"][0]["finish_reason"] == "length" and events[-1]["usage"]["prompt_tokens"] > 0
+
+
+def test_plain_completions_models_and_health_answer(tiny_url, plain):
+    body = {"model": "tiny_llama", "prompt": "def f(x):", "max_tokens": 16, "temperature": 0, "strategy": "plain"}
+    reply = httpx.post(f"{tiny_url}/v1/completions", json=body, timeout=600).json()
+    assert reply["object"] == "text_completion" and reply["choices"][0]["finish_reason"] == "length"
+    assert reply["choices"][0]["text"] == plain.generate("def f(x):", max_new_tokens=16).text
+    assert reply["selfspec"]["stats"]["acceptance_rate"] is None  # plain decoding drafts nothing
+    assert [m["id"] for m in httpx.get(f"{tiny_url}/v1/models").json()["data"]] == ["tiny_llama"]
+    health = httpx.get(f"{tiny_url}/health").json()
+    assert health["status"] == "ok" and health["strategy"] == "self_spec_hybrid" and not health["running"]
+
+
+def test_sixteen_concurrent_streaming_clients_are_all_answered_correctly(tiny_url, plain):
+    prompts = [f"client {i} asks" for i in range(16)]
+
+    async def one(client: httpx.AsyncClient, prompt: str) -> tuple[int, str]:
+        body = {"model": "tiny_llama", "messages": chat(prompt), "max_tokens": 8, "temperature": 0, "stream": True}
+        async with client.stream("POST", f"{tiny_url}/v1/chat/completions", json=body) as response:
+            lines = [line async for line in response.aiter_lines() if line.startswith("data: {")]
+            text = "".join(c["delta"].get("content", "") for line in lines
+                           for c in json.loads(line.removeprefix("data: "))["choices"])
+            return response.status_code, text
+
+    async def all_of_them():
+        async with httpx.AsyncClient(timeout=600) as client:
+            return await asyncio.gather(*(one(client, p) for p in prompts))
+
+    answers = asyncio.run(all_of_them())
+    assert [status for status, _ in answers] == [200] * 16
+    assert [text for _, text in answers] == [plain.generate(chat(p), max_new_tokens=8).text for p in prompts]
+
+
+BAD_REQUESTS = [  # (path, body, status, words in the message)
+    ("/v1/chat/completions", {"model": "gpt-4", "messages": chat("hi")}, 404, "model='gpt-4' is not served"),
+    ("/v1/chat/completions", {"model": "tiny_llama", "messages": chat("hi"), "max_tokens": 0}, 400, "max_tokens"),
+    ("/v1/chat/completions", {"model": "tiny_llama", "messages": chat("hi"), "max_tokens": 5000}, 400,
+     "max_tokens=5000 is above this server's limit 1024"),
+    ("/v1/completions", {"model": "tiny_llama", "prompt": "x" * 4100, "max_tokens": 8}, 400,
+     "exceed the model's context"),
+    ("/v1/chat/completions", '{"model": "tiny_llama", "messages": [', 400, "not valid JSON"),
+    ("/v1/chat/completions", {"model": "tiny_llama", "messages": "hi"}, 400, "messages"),
+    ("/v1/chat/completions", {"model": "tiny_llama", "messages": chat("hi"), "max_tokens": "many"}, 400, "max_tokens"),
+    ("/v1/chat/completions", {"model": "tiny_llama", "messages": chat("hi"), "temperature": 3}, 400, "temperature"),
+    ("/v1/chat/completions", {"model": "tiny_llama", "messages": chat("hi"), "top_p": 0}, 400, "top_p"),
+    ("/v1/chat/completions", {"model": "tiny_llama", "messages": chat("hi"), "n": 2}, 400, "n:"),
+    ("/v1/chat/completions", {"model": "tiny_llama"}, 400, "messages: Field required"),
+    ("/v1/chat/completions", {"model": "tiny_llama", "messages": chat("hi"), "strategy": "x"}, 400, "strategy='x'"),
+    ("/v1/completions", {"model": "tiny_llama", "prompt": ""}, 400, "prompt"),
+    ("/v1/embeddings", {"model": "tiny_llama"}, 404, "Not Found"),
+]
+
+
+@pytest.mark.parametrize("path, body, status, words", BAD_REQUESTS, ids=[words for *_, words in BAD_REQUESTS])
+def test_each_bad_request_gets_an_openai_shaped_4xx(tiny_url, path, body, status, words):
+    content = body if isinstance(body, str) else json.dumps(body)
+    response = httpx.post(f"{tiny_url}{path}", content=content, headers={"Content-Type": "application/json"})
+    assert response.status_code == status
+    problem = response.json()["error"]
+    assert words in problem["message"] and problem["type"]
+
+
+KEY = {"Authorization": "Bearer secret"}
+
+
+@pytest.fixture(scope="module")
+def guarded_url(tmp_path_factory):
+    """One request decodes, one more may wait; /v1 needs the API key."""
+    with server(tmp_path_factory.mktemp("guarded"), *LONG, "serve.max_queue=1", "serve.api_key=secret") as url:
+        yield url
+
+
+def test_the_api_key_guards_the_api_but_not_the_page(guarded_url):
+    refused = httpx.get(f"{guarded_url}/v1/models")
+    assert refused.status_code == 401 and refused.json()["error"]["type"] == "authentication_error"
+    assert httpx.get(f"{guarded_url}/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert httpx.get(f"{guarded_url}/v1/models", headers=KEY).status_code == 200
+    assert httpx.get(f"{guarded_url}/").status_code == 200 and httpx.get(f"{guarded_url}/health").json()["auth"]
+
+
+def test_a_full_queue_answers_429_and_disconnects_free_the_queue(guarded_url):
+    def start(client: httpx.Client, prompt: str, max_tokens: int) -> httpx.Response:
+        body = {"model": "tiny_llama", "messages": chat(prompt), "max_tokens": max_tokens, "temperature": 0,
+                "stream": True}
+        response = client.send(client.build_request("POST", f"{guarded_url}/v1/chat/completions", json=body),
+                               stream=True)
+        assert response.status_code == 200
+        return response
+
+    def health() -> dict:
+        return httpx.get(f"{guarded_url}/health").json()
+
+    def until(condition, seconds: float = 60) -> None:
+        deadline = time.monotonic() + seconds
+        while not condition():
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+
+    with httpx.Client(headers=KEY, timeout=600) as a_client, httpx.Client(headers=KEY, timeout=600) as b_client, \
+            httpx.Client(headers=KEY, timeout=600) as c_client:
+        running = start(a_client, "a long reply", 300)
+        a_lines = running.iter_lines()
+        progress = []
+        for line in a_lines:  # a few steps, to know its speed
+            if line.startswith("data: {"):
+                progress.append(json.loads(line[6:])["selfspec"]["stats"])
+                if len(progress) == 5:
+                    break
+        waiting = start(b_client, "waits", 8)
+        until(lambda: health()["waiting"] == 1)
+        full = httpx.post(f"{guarded_url}/v1/chat/completions", headers=KEY,
+                          json={"model": "tiny_llama", "messages": chat("one too many"), "max_tokens": 8})
+        assert full.status_code == 429 and int(full.headers["Retry-After"]) >= 1
+        assert full.json()["error"]["code"] == "queue_full"
+
+        waiting.close()  # a waiting client leaves: its place frees up
+        until(lambda: health()["waiting"] == 0)
+        queued = start(c_client, "gets in", 8)
+        until(lambda: health()["waiting"] == 1)
+
+        closed_at = time.monotonic()
+        running.close()  # the running client leaves: its generation stops at the next step
+        lines = [line for line in queued.iter_lines() if line.startswith("data: {")]
+        waited = time.monotonic() - closed_at
+    stats = progress[-1]
+    left_s = (300 - stats["new_tokens"]) / stats["tokens_per_s"]  # what the first reply still needed
+    assert waited < left_s / 3, (waited, left_s)
+    text = "".join(c["delta"].get("content", "") for line in lines for c in json.loads(line[6:])["choices"])
+    assert text == plain_decoder(*LONG).generate(chat("gets in"), max_new_tokens=8).text
+    until(lambda: not health()["running"] and health()["waiting"] == 0)
+
+
+def browser_paths() -> tuple[str, str]:
+    """Debian's chromium and chromedriver (nothing is downloaded at run time); apt-get installs them when missing,
+    as `make install` does, and a failed install fails the test."""
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        for command in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "chromium", "chromium-driver"]):
+            done = subprocess.run(command, capture_output=True, text=True)
+            assert done.returncode == 0, f"{' '.join(command)} failed: {done.stderr[-2000:]}"
+    return shutil.which("chromium"), shutil.which("chromedriver")
+
+
+@contextmanager
+def headless_chromium():
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    binary, driver_path = browser_paths()
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1200,900"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def screenshot_page(url: str, prompt: str, max_tokens: int, path: Path):
+    """Compare the served strategy with plain decoding on the page; returns the two panes' (classes, colours, text)
+    and saves a screenshot."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with headless_chromium() as driver:
+        driver.get(f"{url}/")
+        WebDriverWait(driver, 60).until(lambda d: "strategy" in d.find_element(By.ID, "served").text)
+        for element_id, value in (("prompt", prompt), ("max_tokens", str(max_tokens))):
+            field = driver.find_element(By.ID, element_id)
+            field.clear()
+            field.send_keys(value)
+        driver.find_element(By.ID, "compare").click()
+        stats = lambda d: [s.text for s in d.find_elements(By.CSS_SELECTOR, ".stats")]  # noqa: E731
+        WebDriverWait(driver, 600).until(lambda d: len(stats(d)) == 2 and "x plain" in stats(d)[0])
+        panes = []
+        for pane in driver.find_elements(By.CSS_SELECTOR, ".pane"):
+            spans = pane.find_elements(By.CSS_SELECTOR, ".reply span")
+            reply = pane.find_element(By.CSS_SELECTOR, ".reply")
+            panes.append(({s.get_attribute("class") for s in spans},
+                          {s.value_of_css_property("background-color") for s in spans},
+                          driver.execute_script("return arguments[0].textContent", reply)))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        driver.save_screenshot(str(path))
+        return panes, stats(driver)
+
+
+def test_the_page_streams_replies_with_tokens_coloured_by_source_in_headless_chromium(tiny_url):
+    panes, stats = screenshot_page(tiny_url, "abab abab abab abab", 48, ARTIFACTS / "serve_page.png")
+    (spec_classes, spec_colours, spec_text), (plain_classes, _, plain_text) = panes
+    assert {"src-model", "src-verified"} <= spec_classes <= {"src-model", "src-ngram", "src-verified"}
+    assert plain_classes == {"src-verified"} and len(spec_colours) == len(spec_classes)  # one background per source
+    assert spec_text == plain_text and spec_text  # lossless, as the page shows it
+    assert "tokens/s" in stats[0] and "acceptance" in stats[0] and "done" in stats[1]
+    assert (ARTIFACTS / "serve_page.png").stat().st_size > 10_000
+
+
+def test_smollm2_streamed_greedy_reply_equals_run_py_plain_greedy_output(tmp_path):
+    run = subprocess.run([sys.executable, "run.py", "data=chat", "data.limit=1", "strategies=[plain]",
+                          "sampling.max_new_tokens=32", "logger=none", "warmup=false",
+                          f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    record = json.loads((tmp_path / "run" / "records.jsonl").read_text().splitlines()[0])
+    prompt = json.loads((ROOT / "selfspec" / "prompts" / "chat.jsonl").read_text().splitlines()[0])["turns"][0]
+    (tmp_path / "serve").mkdir()
+    with server(tmp_path / "serve", "logger=none") as url, httpx.Client() as client:
+        events = stream_events(client, url, {"model": "smollm2", "messages": chat(prompt), "max_tokens": 32,
+                                             "temperature": 0})
+    tokens = [token for event in events if event["choices"] for token in event["selfspec"]["tokens"]]
+    assert [t[0] for t in tokens] == record["output_ids"]
+    streamed = "".join(c["delta"].get("content", "") for e in events for c in e["choices"])
+    assert streamed and record["output_text"].startswith(streamed)
