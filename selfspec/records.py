@@ -183,7 +183,8 @@ def verdict(summary: dict) -> str:
     if not timed:
         return ""
     best = max(timed, key=lambda name: timed[name]["speedup"])
-    parts = [f"{best} was fastest at {timed[best]['speedup']:.2f}x plain decoding"]
+    parts = [f"{best} was fastest at {timed[best]['speedup']:.2f}x plain decoding" if timed[best]["speedup"] >= 1
+             else "plain decoding was fastest"]
     for name, row in timed.items():
         tokens = row["mean_accepted_tokens"]
         if row["speedup"] < 1 and tokens:

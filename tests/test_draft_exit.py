@@ -94,3 +94,10 @@ def test_bad_policy_settings(make, message):
     with pytest.raises(SelfspecError) as error:
         make()
     assert str(error.value) == message
+
+
+def test_cost_aware_policy_follows_the_draft_cost_it_meets():
+    policy = CostAwareExit(4, costs=DraftCosts((10.0, 12.0), draft_ms=2.0))
+    policy.observe_draft_ms(12.0)
+    assert policy.costs.draft_ms == pytest.approx(0.9 * 2.0 + 0.1 * 12.0)
+    DraftExit(3).observe_draft_ms(5.0)  # the other policies ignore it

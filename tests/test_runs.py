@@ -188,3 +188,5 @@ def test_verdict_names_the_fastest_and_says_why_slower_strategies_lost():
                                 "steps emitted 2.00 tokens each but took 2.50 plain steps' time (drafting cost "
                                 "more than it saved).")
     assert verdict({"plain": summary["plain"]}) == ""
+    slower = {"plain": summary["plain"], "self_spec": summary["self_spec"]}
+    assert verdict(slower).startswith("plain decoding was fastest; self_spec ran 0.80x")

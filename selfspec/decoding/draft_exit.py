@@ -6,6 +6,7 @@ which moves that threshold after every verification towards a target acceptance 
 drafting pays on this machine (CostAwareExit below).
 """
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from selfspec.cost_model import DraftCosts, expected_emitted
@@ -43,6 +44,9 @@ class DraftExit:
 
     def should_stop(self, confidence: float) -> bool:
         return False
+
+    def observe_draft_ms(self, per_token_ms: float) -> None:
+        """What a draft token took in the draft just made (the cost-aware policy learns from it)."""
 
     def update(self, drafted: int, accepted: int) -> None:
         pass
@@ -102,7 +106,7 @@ class CostAwareExit(DraftExit):
     """`draft=cost`: draft only as far as drafting pays on this machine, and not at all when it does not.
 
     The costs are measured here (cost_model.CostMeter): c(q), a q-token forward of the full model, and d, one draft
-    token. A step that drafts k tokens, each accepted with probability a given the ones before it, emits
+    token, which the policy then follows as drafting meets it (`observe_draft_ms`). A step that drafts k tokens, each accepted with probability a given the ones before it, emits
     E(k) = 1 + a + ... + a^k tokens for k d + c(k + 1) ms, where plain decoding spends E(k) c(1). Before each draft
     the policy estimates a from what verification accepted lately and drafts only if some k beats plain decoding by
     `min_speedup`; otherwise it drafts nothing and probes again after 4, 8, ..., 64 steps, so a drafter that stops
@@ -171,6 +175,11 @@ class CostAwareExit(DraftExit):
         later = (self.costs.speedup(self.emitted + self.survival * (expected_emitted(a, extra) - 1), drafted + extra)
                  for extra in range(1, self.longest(self.max_tokens) - drafted + 1))
         return max(later, default=0.0) <= now
+
+    def observe_draft_ms(self, per_token_ms: float) -> None:
+        """d as drafting meets it, the loop's own work included: a moving average from the measured start."""
+        draft_ms = self.decay * self.costs.draft_ms + (1 - self.decay) * per_token_ms
+        self.costs = dataclasses.replace(self.costs, draft_ms=draft_ms)
 
     def calibrated(self, confidence: float) -> float:
         """P(verification accepts a draft token of this confidence): its bin's rate, shrunk to the overall rate."""

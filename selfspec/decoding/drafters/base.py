@@ -6,6 +6,7 @@ the full model verified the draft, `update`. A drafter that decides its draft le
 (decoding/draft_exit.py) owns it; a new drafter is one new module in this package.
 """
 
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -15,6 +16,7 @@ from transformers import LogitsProcessorList
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.sampling import SamplingSettings, logits_processor, sample, scores
 from selfspec.models.cache import RewindableCache
+from selfspec.timing import clock
 
 
 @dataclass
@@ -85,12 +87,14 @@ class ExitPolicyDrafter:
 
         `next_logits(ids, start) -> (vocab,)` runs the draft model on ids at positions start.. and returns the
         logits of the last position. Drafts nothing when the policy's plan says so; stops where the policy says
-        (it sees every draft token's top draft probability), after `max_tokens` tokens, or after EOS.
+        (it sees every draft token's top draft probability), after `max_tokens` tokens, or after EOS. The policy
+        also learns what a draft token took, all of the loop's work included.
         """
         context, settings = self.context, self.context.settings
         max_tokens = self.exit_policy.plan(max_tokens)
         if max_tokens == 0:
             return Draft()
+        start = time.perf_counter()  # the verification before ended on the host: nothing of it is still queued
         history = list(tokens)
         logits = next_logits(history[cached:], cached)  # (vocab,)
         draft = Draft()
@@ -104,5 +108,6 @@ class ExitPolicyDrafter:
             history.append(token)
             if (self.exit_policy.should_stop(float(probs.max())) or len(draft.tokens) == max_tokens
                     or token == context.eos_token_id):
+                self.exit_policy.observe_draft_ms(1000 * (clock(logits.device) - start) / len(draft.tokens))
                 return draft
             logits = next_logits([token], len(history) - 1)
