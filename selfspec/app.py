@@ -38,7 +38,7 @@ def run(settings: RunSettings, out_dir: Path) -> dict:
     print(f"skip set ({skip.fraction(layers):.0%} of {2 * layers} sublayers): attn={list(skip.attn)} mlp={list(skip.mlp)}")
     heads = DraftHeads(loaded)
     searched = searched_draft(settings, layers, heads) if "self_spec_searched" in settings.strategies else None
-    strategies = [make_strategy(name, loaded.model, sampling, loaded.tokenizer.eos_token_id, skip, settings.draft,
+    strategies = [make_strategy(name, loaded.model, sampling, loaded.end_ids, skip, settings.draft,
                                 draft_model, heads(vocab_size), settings.hf, settings.kangaroo, searched)
                   for name in settings.strategies]
     logger = make_logger(settings.logger, dataclasses.asdict(settings), out_dir)

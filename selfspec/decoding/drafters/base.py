@@ -23,7 +23,7 @@ class GenerationContext:
     cache: RewindableCache  # the full model's KV cache
     settings: SamplingSettings
     generator: torch.Generator | None = None
-    eos_token_id: int | None = None
+    end_ids: tuple[int, ...] = ()  # the model's end-of-turn ids (models/loading.py): any of them ends generation
     processor: LogitsProcessorList = field(init=False)  # the filters plain decoding applies
 
     def __post_init__(self):
@@ -49,13 +49,21 @@ class Drafter(Protocol):
         """The draft-exit threshold in force, recorded with every step (0.0 for drafters without one)."""
 
     def begin(self, context: GenerationContext) -> None:
-        """A new generation starts: its cache, sampling settings, generator and EOS id."""
+        """A new generation starts: its cache, sampling settings, generator and end ids."""
 
     def draft(self, tokens: list[int], max_tokens: int) -> Draft:
         """Up to `max_tokens` tokens to follow `tokens`; all but the last of `tokens` are in the cache."""
 
     def update(self, drafted: int, accepted: int) -> None:
         """The full model accepted `accepted` of the `drafted` tokens of the last draft."""
+
+
+def cut_at_end(tokens: list[int], end_ids: tuple[int, ...]) -> list[int]:
+    """`tokens` up to and including the first end id."""
+    for index, token in enumerate(tokens):
+        if token in end_ids:
+            return tokens[:index + 1]
+    return tokens
 
 
 class ExitPolicyDrafter:
@@ -85,7 +93,7 @@ class ExitPolicyDrafter:
 
         `next_logits(ids, start) -> (vocab,)` runs the draft model on ids at positions start.. and returns the
         logits of the last position. Stops after a token whose top draft probability is below the policy's
-        threshold, or after EOS.
+        threshold, or after an end id.
         """
         context, settings = self.context, self.context.settings
         history = list(tokens)
@@ -99,7 +107,7 @@ class ExitPolicyDrafter:
             if not settings.greedy:
                 draft.probs.append(probs)
             history.append(token)
-            if (len(draft.tokens) == max_tokens or token == context.eos_token_id
+            if (len(draft.tokens) == max_tokens or token in context.end_ids
                     or self.exit_policy.should_stop(float(probs.max()))):
                 return draft
             logits = next_logits([token], len(history) - 1)
