@@ -13,6 +13,7 @@ from selfspec.models.draft_head import DraftHead, make_draft_head
 from selfspec.models.loading import LoadedModel, load_model
 from selfspec.models.skip import SkipSet, num_layers
 from selfspec.models.skip_config import resolve_skip
+from selfspec.prompt_length import context_room, fit_prompts, with_truncated_count
 from selfspec.records import markdown_table
 from selfspec.settings import RunSettings, named
 from selfspec.wandb_logger import make_logger
@@ -24,7 +25,10 @@ def run(settings: RunSettings, out_dir: Path) -> dict:
     prompts = load_prompt_set(settings.data)
     loaded = load_model(settings.model)
     draft_model = load_model(settings.draft_model).model if settings.draft_model else None
-    prompt_ids = [encode_prompt(loaded.tokenizer, p) for p in prompts]
+    room = context_room(loaded.model, sampling.max_new_tokens, settings.draft.max_tokens)
+    fitted = fit_prompts(prompts, [encode_prompt(loaded.tokenizer, p) for p in prompts], room,
+                         settings.data.max_prompt_tokens)
+    prompt_ids = fitted.ids
     layers = num_layers(loaded.model)
     if settings.search:
         from selfspec.search import search_skip_set  # imports optuna only when searching
@@ -45,6 +49,7 @@ def run(settings: RunSettings, out_dir: Path) -> dict:
     try:
         summary = evaluate(strategies, prompts, prompt_ids, loaded.tokenizer, out_dir, settings.seed, settings.repeats,
                            settings.warmup, logger)
+        summary = with_truncated_count(summary, fitted.truncated)
         if logger is not None:
             logger.log_summary(summary)
     finally:
