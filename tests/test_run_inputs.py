@@ -34,9 +34,9 @@ def test_spec_bench_questions_decode_and_a_long_prompt_is_truncated_and_counted(
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(SPEC_BENCH.read_text().splitlines()[0] + "\n"
                        + json.dumps({"question_id": "long", "turns": ["word " * 1000]}) + "\n")
-    result = run_py(tmp_path / "run", "data=jsonl", f"data.path={prompts}", "data.max_prompt_tokens=64")
+    result = run_py(tmp_path / "run", "data=jsonl", f"data.path={prompts}", "data.max_prompt_tokens=256")
     assert result.returncode == 0, result.stderr[-3000:]
-    assert "selfspec: warning: 1 of 2 prompts were longer than data.max_prompt_tokens=64" in result.stderr
+    assert "selfspec: warning: 1 of 2 prompts were longer than data.max_prompt_tokens=256" in result.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["plain"]["truncated_prompts"] == 1 and summary["self_spec"]["n_prompts"] == 2
 
