@@ -50,12 +50,12 @@ def test_greedy_outputs_equal_plain_and_steps_add_up(tiny, draft, prompt):
 
 def test_early_exit_reads_draft_length_from_generation_config(llama, prompt):
     for k in (1, 3):  # fixed-length drafts (threshold 0): k tokens per step
-        result = make_hf_strategy("hf_early_exit", llama, GREEDY, None, early_exit_layer=3, num_assistant_tokens=k,
+        result = make_hf_strategy("hf_early_exit", llama, GREEDY, (), early_exit_layer=3, num_assistant_tokens=k,
                                   confidence_threshold=0).generate(prompt)
         produced = [sum(s.emitted for s in result.steps[:i]) for i in range(len(result.steps))]
         assert [s.drafted for s in result.steps] == [min(k, 40 - n - 1) for n in produced]  # HF caps at the length
     # all layers: the draft is the full model, so every draft is accepted
-    full = make_hf_strategy("hf_early_exit", llama, GREEDY, None, early_exit_layer=6, num_assistant_tokens=4,
+    full = make_hf_strategy("hf_early_exit", llama, GREEDY, (), early_exit_layer=6, num_assistant_tokens=4,
                             confidence_threshold=0).generate(prompt)
     assert full.accepted == full.drafted > 0 and full.new_tokens == Strategy("plain", llama, GREEDY, ()).generate(
         prompt).new_tokens
@@ -96,7 +96,7 @@ def test_bad_names_and_settings_raise(llama):
     with pytest.raises(SelfspecError, match="draft model"):
         make_hf_strategy("hf_assistant", llama, GREEDY, ())
     with pytest.raises(SelfspecError, match="outside 1..6"):
-        make_hf_strategy("hf_early_exit", llama, GREEDY, None, early_exit_layer=7)
+        make_hf_strategy("hf_early_exit", llama, GREEDY, (), early_exit_layer=7)
     assert make_hf_strategy("hf_early_exit", llama, GREEDY, ()).early_exit_layer == 4  # 3/4 of 6 layers
 
 
