@@ -123,8 +123,8 @@ def test_smollm2_early_exit_drafts_and_matches_plain():
     settings = SamplingSettings(max_new_tokens=24)
     plain = Strategy("plain", model, settings, end_ids).generate(ids).new_tokens
     for k in (1, 3):
-        result = make_hf_strategy("hf_early_exit", model, settings, end_ids, early_exit_layer=28, num_assistant_tokens=k,
-                                  confidence_threshold=0).generate(ids)
+        result = make_hf_strategy("hf_early_exit", model, settings, end_ids, early_exit_layer=28,
+                                  num_assistant_tokens=k, confidence_threshold=0).generate(ids)
         assert result.new_tokens == plain
         assert max(s.drafted for s in result.steps) == k and 0 < result.accepted < result.drafted
     assert make_hf_strategy("hf_generate", model, settings, end_ids).generate(ids).new_tokens == plain

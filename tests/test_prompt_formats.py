@@ -35,7 +35,8 @@ RECORDS = {
               Prompt("1", "gsm8k", ("What is 3 + 4?",), chat=True, reference="3 + 4 = 7\n#### 7")),
     "humaneval": ({"task_id": "HumanEval/0", "prompt": "def add(a, b):\n", "canonical_solution": "    return a + b\n",
                    "test": "assert add(1, 2) == 3", "entry_point": "add"},
-                  Prompt("HumanEval/0", "humaneval", ("def add(a, b):\n",), chat=False, reference="    return a + b\n")),
+                  Prompt("HumanEval/0", "humaneval", ("def add(a, b):\n",), chat=False,
+                         reference="    return a + b\n")),
     "prompt": ({"prompt": "Tell me a joke.", "category": "fun"}, Prompt("1", "fun", ("Tell me a joke.",), chat=True)),
 }
 
