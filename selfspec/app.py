@@ -15,6 +15,7 @@ from selfspec.models.draft_head import DraftHead, make_draft_head
 from selfspec.models.loading import LoadedModel, load_model
 from selfspec.models.skip import SkipSet, num_layers
 from selfspec.models.skip_config import resolve_skip
+from selfspec.prompt_length import context_room, fit_prompts, with_truncated_count
 from selfspec.records import WrittenRecord, read_records
 from selfspec.run_dir import RECORDS_FILE, open_run_dir
 from selfspec.settings import RunSettings, named
@@ -40,7 +41,10 @@ def run(settings: RunSettings, out_dir: Path) -> dict:
     if all_turns:
         check_multi_turn(loaded.tokenizer, prompts, loaded.name)
     draft_model = load_model(settings.draft_model).model if settings.draft_model else None
-    prompt_ids = [encode_prompt(loaded.tokenizer, p) for p in prompts]
+    room = context_room(loaded.model, sampling.max_new_tokens, settings.draft.max_tokens)
+    fitted = fit_prompts(prompts, [encode_prompt(loaded.tokenizer, p) for p in prompts], room,
+                         settings.data.max_prompt_tokens)
+    prompt_ids = fitted.ids
     layers = num_layers(loaded.model)
     if settings.search:
         from selfspec.search import search_skip_set  # imports optuna only when searching
@@ -55,13 +59,14 @@ def run(settings: RunSettings, out_dir: Path) -> dict:
     heads = DraftHeads(loaded)
     searched = searched_draft(settings, layers, heads) if "self_spec_searched" in settings.strategies else None
     costs = CostMeter(loaded.model, max(settings.draft.max_tokens, settings.draft.ngram_tokens) + 1)
-    strategies = [make_strategy(name, loaded.model, sampling, loaded.tokenizer.eos_token_id, skip, settings.draft,
+    strategies = [make_strategy(name, loaded.model, sampling, loaded.end_ids, skip, settings.draft,
                                 draft_model, heads(vocab_size), settings.hf, settings.kangaroo, searched, costs)
                   for name in settings.strategies]
     logger = make_logger(settings.logger, stored, out_dir, group=launch.sweep_dir)
     try:
         summary = evaluate(strategies, prompts, prompt_ids, loaded.tokenizer, out_dir, settings.seed, settings.repeats,
                            settings.warmup, logger, all_turns, earlier)
+        summary = with_truncated_count(summary, fitted.truncated)
         if launch.parallel:  # timings measured while other jobs ran
             for row in summary.values():
                 row["parallel_launcher"] = launch.launcher

@@ -1,53 +1,25 @@
-"""Benchmark prompts: HumanEval (code completion), the shipped chat and summarization sets, or any JSON-lines file.
+"""Benchmark prompts: HumanEval (code completion), the shipped chat and summarization sets, or any prompt file.
 
-A prompt keeps all of its user turns, but we generate for the first turn only: every benchmark here is single-turn,
-and multi-turn files (MT-bench style) load unchanged.
+A prompt file is JSON lines or a JSON array (`.json`) of records in one of the public formats of
+prompt_formats.py. A prompt keeps all of its user turns; generation encodes the first (`encode_prompt`).
 """
 
-import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from selfspec.errors import SelfspecError
+from selfspec.prompt_formats import FORMAT_NAMES, FORMATS, Prompt, detect_format, parse_json, record_prompt, short
 from selfspec.settings import DataSettings
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"  # package data: chat.jsonl, summarize.jsonl
 SHIPPED_SETS = ("chat", "summarize")
 PROMPT_SETS = ("humaneval", *SHIPPED_SETS, "jsonl")
-REQUIRED_FIELDS = ("question_id", "turns")
-DEFAULT_CATEGORY = "default"  # for records without a category
 
 
-@dataclass(frozen=True)
-class Prompt:
-    """One benchmark request.
-
-    turns: the user turns; generation uses `turns[0]` only. chat: wrap the turn in the tokenizer's chat template
-    when it has one (False = raw completion-style text). reference: an optional reference answer for the first turn.
-    """
-    question_id: str
-    category: str
-    turns: tuple[str, ...]
-    chat: bool
-    reference: str | None = None
-
-    def __post_init__(self):
-        if not isinstance(self.question_id, str) or not self.question_id.strip():
-            raise SelfspecError(f"question_id must be a non-empty string, got {_short(self.question_id)}")
-        if not isinstance(self.category, str):
-            raise SelfspecError(f"prompt {self.question_id!r}: category must be a string, got {_short(self.category)}")
-        if not isinstance(self.turns, tuple) or not self.turns:
-            raise SelfspecError(f"prompt {self.question_id!r}: turns must be a non-empty list of strings, "
-                                f"got {_short(self.turns)}")
-        for index, turn in enumerate(self.turns):
-            if not isinstance(turn, str) or not turn.strip():
-                raise SelfspecError(f"prompt {self.question_id!r}: turn {index} is {_short(turn)}; "
-                                    f"every turn must be non-empty text")
-
-
-def load_prompts(name: str, path: str | None = None, limit: int | None = None) -> list[Prompt]:
-    """The first `limit` prompts (None = all) of a set: humaneval, chat, summarize, or jsonl (the file at `path`)."""
+def load_prompts(name: str, path: str | None = None, limit: int | None = None,
+                 format_name: str = "auto") -> list[Prompt]:
+    """The first `limit` prompts (None = all) of a set: humaneval, chat, summarize, or jsonl (the file at `path`,
+    its records in `format_name`: one of prompt_formats.FORMATS, or auto = detected from its first record)."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise SelfspecError(f"limit={limit!r} is not allowed; use a positive number of prompts, or None for all")
     if name not in PROMPT_SETS:
@@ -56,11 +28,15 @@ def load_prompts(name: str, path: str | None = None, limit: int | None = None) -
         raise SelfspecError("prompt set 'jsonl' needs a file: data=jsonl data.path=<file.jsonl>; got data.path=None")
     if name != "jsonl" and path is not None:
         raise SelfspecError(f"path={str(path)!r} is only read for prompt set 'jsonl', not {name!r}")
+    if format_name not in FORMAT_NAMES:
+        raise SelfspecError(f"format={format_name!r} is unknown; allowed: {', '.join(FORMAT_NAMES)}")
+    if name != "jsonl" and format_name != "auto":
+        raise SelfspecError(f"format={format_name!r} is only read for prompt set 'jsonl', not {name!r}")
 
     if name == "humaneval":
         prompts = humaneval_prompts()
     elif name == "jsonl":
-        prompts = read_prompt_file(Path(path))
+        prompts = read_prompt_file(Path(path), format_name)
     else:
         prompts = read_prompt_file(PROMPTS_DIR / f"{name}.jsonl")
     return prompts[:limit]
@@ -70,7 +46,7 @@ def load_prompt_set(data: DataSettings) -> list[Prompt]:
     """Prompts offset..offset+limit-1 of each set in `data.names`, set after set."""
     prompts = []
     for name in data.names:
-        chosen = load_prompts(name, data.path)[data.offset or 0:][:data.limit]
+        chosen = load_prompts(name, data.path, format_name=data.format)[data.offset or 0:][:data.limit]
         if not chosen:
             raise SelfspecError(f"data.offset={data.offset} leaves no prompts in set {name!r}; lower it")
         prompts += chosen
@@ -88,49 +64,51 @@ def humaneval_prompts() -> list[Prompt]:
             for task_id, problem in read_problems().items()]
 
 
-def read_prompt_file(path: Path) -> list[Prompt]:
-    """Chat prompts from a JSON-lines file, one {question_id, category, turns: [...], reference?} object a line.
+def read_prompt_file(path: Path, format_name: str = "auto") -> list[Prompt]:
+    """The prompts of a JSON-lines file (blank lines skipped), or of a JSON array when the file starts with `[`.
 
-    Blank lines are skipped; any other bad line raises SelfspecError naming file:line.
+    Every record is read in one format: `format_name`, or (auto) the one its first record fits. A bad record raises
+    one SelfspecError line naming file:line (file: item N in an array) and the problem.
     """
     if not path.is_file():
         raise SelfspecError(f"prompt file {str(path)!r} not found; pass an existing JSON-lines file")
-    prompts = []
-    for line_number, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            prompts.append(parse_prompt_line(line))
-        except SelfspecError as err:
-            raise SelfspecError(f"{path}:{line_number}: {err}") from None
-    if not prompts:
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # -sig: a byte-order mark is skipped
+    except UnicodeDecodeError as err:
+        raise SelfspecError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    records = _json_array(path, text) if text.lstrip().startswith("[") else _json_lines(path, text)
+    if not records:
         raise SelfspecError(f"prompt file {str(path)!r} holds no prompts; it needs at least one JSON line")
+    fmt, prompts = FORMATS.get(format_name), []  # fmt None: auto, detected from the first record
+    for where, number, record in records:
+        try:
+            fmt = fmt or detect_format(record)
+            prompts.append(record_prompt(record, fmt, number))
+        except SelfspecError as err:
+            raise SelfspecError(f"{where}: {err}") from None
     check_unique_ids(prompts, path)
     return prompts
 
 
-def parse_prompt_line(line: str) -> Prompt:
-    """One JSON line -> a chat Prompt. question_id may be a number (MT-bench uses ints); category is optional;
-    reference may be any JSON (never decoded): a string, or the first string of a per-turn list (MT-bench), is
-    kept, anything else (Spec-Bench's lists of lists) is dropped. Unknown fields are ignored."""
+def _json_lines(path: Path, text: str) -> list[tuple[str, int, object]]:
+    """(where, line number, record) per non-blank line; only a newline ends a line (JSON text may hold U+2028)."""
+    records = []
+    for number, line in enumerate(text.split("\n"), start=1):
+        if line.strip():
+            try:
+                records.append((f"{path}:{number}", number, parse_json(line)))
+            except SelfspecError as err:
+                raise SelfspecError(f"{path}:{number}: {err}") from None
+    return records
+
+
+def _json_array(path: Path, text: str) -> list[tuple[str, int, object]]:
+    """(where, item number, record) per item of a JSON array (the text starts with `[`)."""
     try:
-        record = json.loads(line)
-    except json.JSONDecodeError as err:
-        raise SelfspecError(f"invalid JSON ({err.msg}, column {err.colno}): {_short(line)}") from None
-    if not isinstance(record, dict):
-        raise SelfspecError(f"expected a JSON object with {', '.join(REQUIRED_FIELDS)}; got {_short(record)}")
-    missing = [field for field in REQUIRED_FIELDS if field not in record]
-    if missing:
-        raise SelfspecError(f"missing {', '.join(missing)} in {_short(record)}")
-    question_id, turns, reference = record["question_id"], record["turns"], record.get("reference")
-    if isinstance(question_id, bool) or not isinstance(question_id, (str, int)):
-        raise SelfspecError(f"question_id must be a string or an integer, got {_short(question_id)}")
-    if not isinstance(turns, list) or not turns:
-        raise SelfspecError(f"turns must be a non-empty list of strings, got {_short(turns)}")
-    if isinstance(reference, list):
-        reference = reference[0] if reference else None
-    return Prompt(question_id=str(question_id), category=record.get("category", DEFAULT_CATEGORY), turns=tuple(turns),
-                  chat=True, reference=reference if isinstance(reference, str) else None)
+        items = parse_json(text)
+    except SelfspecError as err:
+        raise SelfspecError(f"{path}: {err}") from None
+    return [(f"{path}: item {number}", number, item) for number, item in enumerate(items, start=1)]
 
 
 def check_unique_ids(prompts: list[Prompt], path: Path) -> None:
@@ -155,7 +133,7 @@ def encode_prompt(tokenizer, prompt: Prompt) -> list[int]:
         encoded = tokenizer(text)
     token_ids = as_token_ids(encoded)
     if not token_ids:
-        raise SelfspecError(f"prompt {prompt.question_id!r} encodes to no tokens; its first turn is {_short(text)}")
+        raise SelfspecError(f"prompt {prompt.question_id!r} encodes to no tokens; its first turn is {short(text)}")
     return token_ids
 
 
@@ -166,8 +144,3 @@ def as_token_ids(encoded) -> list[int]:
         encoded = encoded["input_ids"]
     return [int(token_id) for token_id in encoded]
 
-
-def _short(value, width: int = 80) -> str:
-    """repr of a value, cut to `width` characters, so error messages stay on one line."""
-    text = repr(value)
-    return text if len(text) <= width else text[:width - 3] + "..."

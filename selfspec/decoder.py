@@ -22,6 +22,7 @@ from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.strategies import NAMES, Strategy, make_strategy
 from selfspec.errors import SelfspecError
 from selfspec.models.draft_head import make_draft_head
+from selfspec.models.loading import model_end_ids
 from selfspec.models.skip import SkipSet, num_layers
 from selfspec.models.skip_config import resolve_skip
 from selfspec.settings import DraftSettings, KangarooSettings, SkipSettings, named
@@ -67,7 +68,8 @@ class SelfSpeculativeDecoder:
             searched_skip, searched_vocab = _skip_set(searched, layers, "searched")
             searched_draft = (searched_skip, heads(searched_vocab) if searched_vocab else None)
         self.model, self.tokenizer, self.name = model, tokenizer, strategy
-        self._make = partial(make_strategy, strategy, model, eos_token_id=tokenizer.eos_token_id, skip=skip_set,
+        self.end_ids = model_end_ids(model, tokenizer)
+        self._make = partial(make_strategy, strategy, model, end_ids=self.end_ids, skip=skip_set,
                              draft=draft, draft_model=draft_model, draft_head=heads(vocab) if vocab else None,
                              kangaroo=kangaroo, searched=searched_draft)
         self._strategies: dict[bool, Strategy] = {}
@@ -105,7 +107,7 @@ class SelfSpeculativeDecoder:
         sampling = SamplingSettings(temperature, top_k, top_p, repetition_penalty, max_new_tokens)
         generator = torch.Generator(self.model.device).manual_seed(seed) if seed is not None else None
         steps = self.strategy(sampling).steps(ids, generator)
-        return stream_chunks(steps, self.tokenizer, self.tokenizer.eos_token_id, stop)
+        return stream_chunks(steps, self.tokenizer, self.end_ids, stop)
 
     def generate(self, prompt: Prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
                  top_k: int = 0, repetition_penalty: float = 1.0, seed: int | None = None,

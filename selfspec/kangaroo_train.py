@@ -50,7 +50,7 @@ def train(run: RunSettings, out_dir: Path) -> Path:
     prompts = train_prompts(settings.sets, settings.prompts_per_set, run.data)
     prompt_ids = [encode_prompt(loaded.tokenizer, p) for p in prompts]
     sequences = collect(loaded.model, prompt_ids, exit_layer, settings.max_new_tokens, work_dir / "kangaroo_data",
-                        loaded.tokenizer.eos_token_id)
+                        loaded.end_ids)
     history = train_adapter(loaded.model, exit_layer, sequences, settings, work_dir)
     best = min(history, key=lambda h: h["val_loss"])
     adapter_path = work_dir / "adapter.pt"
@@ -95,7 +95,7 @@ def hidden_states(model, tokens: list[int], exit_layer: int) -> tuple[torch.Tens
 
 
 def collect(model, prompt_ids: list[list[int]], exit_layer: int, max_new_tokens: int, data_dir: Path,
-            eos_token_id) -> list[TrainingSequence]:
+            end_ids: tuple[int, ...]) -> list[TrainingSequence]:
     """One sequence per prompt, generated greedily; reuses the files of an earlier run with the same settings."""
     data_dir.mkdir(parents=True, exist_ok=True)
     settings = SamplingSettings(max_new_tokens=max_new_tokens)
@@ -105,7 +105,7 @@ def collect(model, prompt_ids: list[list[int]], exit_layer: int, max_new_tokens:
         key = {"prompt": ids, "exit_layer": exit_layer, "max_new_tokens": max_new_tokens}
         saved = torch.load(path, map_location=model.device, weights_only=True) if path.exists() else None
         if saved is None or saved["key"] != key:
-            tokens = ids + generate(model, ids, settings, eos_token_id=eos_token_id).new_tokens
+            tokens = ids + generate(model, ids, settings, end_ids=end_ids).new_tokens
             shallow, final = hidden_states(model, tokens, exit_layer)
             saved = {"key": key, "tokens": torch.tensor(tokens), "shallow": shallow, "final": final}
             save_atomic(saved, path)

@@ -17,6 +17,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from selfspec.decoding.sampling import SamplingSettings
 from selfspec.errors import SelfspecError
+from selfspec.prompt_formats import FORMAT_NAMES
 
 MODEL_SOURCES = ("smollm2", "gemma3_270m", "hub", "tiny")
 TINY_FAMILIES = ("llama", "gemma2")
@@ -129,11 +130,15 @@ class DataSettings:
     limit: Optional[int] = None
     offset: int = 0  # prompts skipped at the start of each set (search.data: after the evaluation prompts)
     turns: str = "first"  # first: decode each prompt's first turn | all: every turn, on the strategy's own answers
+    format: str = "auto"  # jsonl: the records' format (prompt_formats.py), auto = detected per file
+    max_prompt_tokens: Optional[int] = None  # left-truncate longer prompts to this many tokens; None = refuse them
 
     def __post_init__(self):
         at_least("limit", self.limit, 1, " (prompts per set), or null for all")
         one_of("turns", self.turns, TURNS)
         at_least("offset", self.offset, 0)
+        one_of("format", self.format, FORMAT_NAMES)
+        at_least("max_prompt_tokens", self.max_prompt_tokens, 1, ", or null to refuse prompts too long for the model")
         if not self.names or not all(isinstance(n, str) for n in self.names):
             raise SelfspecError(f"name={self.name!r} is not allowed; give a prompt-set name or a list of them")
 

@@ -116,7 +116,7 @@ class _Reply:
 
 
 def stream_chunks(steps: Generator[tuple[list[int], StepRecord | None], None, None], tokenizer,
-                  eos_token_id: int | None, stop: Sequence[str] = ()) -> Iterator[Chunk]:
+                  end_ids: tuple[int, ...], stop: Sequence[str] = ()) -> Iterator[Chunk]:
     """One Chunk per decoding step, then a last one with the finish reason; ends the generation (closes `steps`)
     at the first stop string. A character the generation ends inside of is left out of the text."""
     start, stats, reply = time.perf_counter(), DecodingStats(), _Reply()
@@ -134,7 +134,7 @@ def stream_chunks(steps: Generator[tuple[list[int], StepRecord | None], None, No
             yield Chunk(reply.take(len(reply.text) - _stop_prefix(reply.text, stop)), dataclasses.replace(stats))
     finally:
         steps.close()
-    finish = "stop" if reply.ids and reply.ids[-1] == eos_token_id else "length"
+    finish = "stop" if reply.ids and reply.ids[-1] in end_ids else "length"
     yield Chunk(reply.take(len(reply.text)), dataclasses.replace(stats), finish)
 
 

@@ -91,7 +91,7 @@ def test_spec_bench_lines_load_as_published(tmp_path):
 @pytest.mark.parametrize("bad_line, expected", [
     ('{"question_id": "a", "turns": [', "invalid JSON"),
     ('["not", "an", "object"]', "JSON object"),
-    ('{"question_id": "a", "category": "c"}', "missing turns"),
+    ('{"question_id": "a", "category": "c"}', "format fastchat needs turns; found fields ['category', 'question_id']"),
     ('{"question_id": "a", "category": 5, "turns": ["x"]}', "category must be a string"),
     ('{"question_id": "a", "category": "c", "turns": []}', "[]"),
     ('{"question_id": "a", "category": "c", "turns": "just a string"}', "'just a string'"),

@@ -80,7 +80,7 @@ def test_eos_inside_a_draft_and_length_reached_mid_draft(tiny, prompt):
     expected = plain[: plain.index(eos) + 1]
     perfect = ModelDrafter(tiny, DraftExit(8))  # drafts with the full model: every draft accepted, EOS inside a draft
     for drafter in (perfect, SelfDrafter(tiny, make_skip_set([2], [3], 6), DraftExit(8))):
-        result = generate(tiny, prompt, GREEDY, drafter, eos_token_id=eos)
+        result = generate(tiny, prompt, GREEDY, drafter, end_ids=(eos,))
         assert result.new_tokens == expected
         assert hf_greedy(tiny, prompt, 60, eos=eos) == expected
     for n in (1, 2, 13, 17):  # 8-token drafts would overshoot these lengths

@@ -31,13 +31,13 @@ def draft():
     return tiny_model("llama", num_layers=2, seed=1).double()
 
 
-def strategies(model, settings, draft, eos=None, **kwargs):
-    return [make_hf_strategy(name, model, settings, eos, draft_model=draft, **kwargs) for name in HF_STRATEGIES]
+def strategies(model, settings, draft, end_ids=(), **kwargs):
+    return [make_hf_strategy(name, model, settings, end_ids, draft_model=draft, **kwargs) for name in HF_STRATEGIES]
 
 
 def test_greedy_outputs_equal_plain_and_steps_add_up(tiny, draft, prompt):
     """Llama and Gemma-2 (16-token sliding window, crossed here) in float64."""
-    plain = Strategy("plain", tiny, GREEDY, None).generate(prompt)
+    plain = Strategy("plain", tiny, GREEDY, ()).generate(prompt)
     for strategy in strategies(tiny, GREEDY, draft):
         result = strategy.generate(prompt)
         assert result.new_tokens == plain.new_tokens, strategy.name
@@ -50,14 +50,14 @@ def test_greedy_outputs_equal_plain_and_steps_add_up(tiny, draft, prompt):
 
 def test_early_exit_reads_draft_length_from_generation_config(llama, prompt):
     for k in (1, 3):  # fixed-length drafts (threshold 0): k tokens per step
-        result = make_hf_strategy("hf_early_exit", llama, GREEDY, None, early_exit_layer=3, num_assistant_tokens=k,
+        result = make_hf_strategy("hf_early_exit", llama, GREEDY, (), early_exit_layer=3, num_assistant_tokens=k,
                                   confidence_threshold=0).generate(prompt)
         produced = [sum(s.emitted for s in result.steps[:i]) for i in range(len(result.steps))]
         assert [s.drafted for s in result.steps] == [min(k, 40 - n - 1) for n in produced]  # HF caps at the length
     # all layers: the draft is the full model, so every draft is accepted
-    full = make_hf_strategy("hf_early_exit", llama, GREEDY, None, early_exit_layer=6, num_assistant_tokens=4,
+    full = make_hf_strategy("hf_early_exit", llama, GREEDY, (), early_exit_layer=6, num_assistant_tokens=4,
                             confidence_threshold=0).generate(prompt)
-    assert full.accepted == full.drafted > 0 and full.new_tokens == Strategy("plain", llama, GREEDY, None).generate(
+    assert full.accepted == full.drafted > 0 and full.new_tokens == Strategy("plain", llama, GREEDY, ()).generate(
         prompt).new_tokens
 
 
@@ -72,11 +72,11 @@ def test_generation_configs_are_restored(llama, draft, prompt):
 
 
 def test_eos_stops_every_strategy_where_plain_stops(tiny, draft, prompt):
-    full = Strategy("plain", tiny, GREEDY, None).generate(prompt).new_tokens
+    full = Strategy("plain", tiny, GREEDY, ()).generate(prompt).new_tokens
     eos = full[25]
     expected = full[: full.index(eos) + 1]
-    assert Strategy("plain", tiny, GREEDY, eos).generate(prompt).new_tokens == expected
-    for strategy in strategies(tiny, GREEDY, draft, eos):
+    assert Strategy("plain", tiny, GREEDY, (eos,)).generate(prompt).new_tokens == expected
+    for strategy in strategies(tiny, GREEDY, draft, (eos,)):
         assert strategy.generate(prompt).new_tokens == expected, strategy.name
 
 
@@ -92,12 +92,12 @@ def test_sampling_is_reproducible_and_leaves_the_global_rng_alone(llama, draft, 
 
 def test_bad_names_and_settings_raise(llama):
     with pytest.raises(SelfspecError, match="hf_generate, hf_prompt_lookup, hf_early_exit, hf_assistant"):
-        make_hf_strategy("hf_beam", llama, GREEDY, None)
+        make_hf_strategy("hf_beam", llama, GREEDY, ())
     with pytest.raises(SelfspecError, match="draft model"):
-        make_hf_strategy("hf_assistant", llama, GREEDY, None)
+        make_hf_strategy("hf_assistant", llama, GREEDY, ())
     with pytest.raises(SelfspecError, match="outside 1..6"):
-        make_hf_strategy("hf_early_exit", llama, GREEDY, None, early_exit_layer=7)
-    assert make_hf_strategy("hf_early_exit", llama, GREEDY, None).early_exit_layer == 4  # 3/4 of 6 layers
+        make_hf_strategy("hf_early_exit", llama, GREEDY, (), early_exit_layer=7)
+    assert make_hf_strategy("hf_early_exit", llama, GREEDY, ()).early_exit_layer == 4  # 3/4 of 6 layers
 
 
 def test_self_speculation_holds_no_second_copy_of_the_weights(tokenizer):
@@ -105,7 +105,7 @@ def test_self_speculation_holds_no_second_copy_of_the_weights(tokenizer):
     weights_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     ids = tokenizer("def fibonacci(n):\n    ").input_ids
     settings = SamplingSettings(max_new_tokens=24)
-    self_spec = make_strategy("self_spec_fixed", model, settings, None, make_skip_set([1], [2], 4),
+    self_spec = make_strategy("self_spec_fixed", model, settings, (), make_skip_set([1], [2], 4),
                               run_settings("draft=fixed", "draft.max_tokens=4").draft)
     self_spec.generate(ids)  # warm-up: lazy allocations that later runs reuse
     result, grown_mb = measure_peak_memory(lambda: self_spec.generate(ids))
@@ -118,13 +118,13 @@ def test_self_speculation_holds_no_second_copy_of_the_weights(tokenizer):
 @pytest.mark.slow
 def test_smollm2_early_exit_drafts_and_matches_plain():
     loaded = load_model(run_settings("model=smollm2").model)
-    model, eos = loaded.model, loaded.tokenizer.eos_token_id
+    model, end_ids = loaded.model, loaded.end_ids
     ids = encode_prompt(loaded.tokenizer, load_prompts("humaneval", limit=1)[0])
     settings = SamplingSettings(max_new_tokens=24)
-    plain = Strategy("plain", model, settings, eos).generate(ids).new_tokens
+    plain = Strategy("plain", model, settings, end_ids).generate(ids).new_tokens
     for k in (1, 3):
-        result = make_hf_strategy("hf_early_exit", model, settings, eos, early_exit_layer=28, num_assistant_tokens=k,
-                                  confidence_threshold=0).generate(ids)
+        result = make_hf_strategy("hf_early_exit", model, settings, end_ids, early_exit_layer=28,
+                                  num_assistant_tokens=k, confidence_threshold=0).generate(ids)
         assert result.new_tokens == plain
         assert max(s.drafted for s in result.steps) == k and 0 < result.accepted < result.drafted
-    assert make_hf_strategy("hf_generate", model, settings, eos).generate(ids).new_tokens == plain
+    assert make_hf_strategy("hf_generate", model, settings, end_ids).generate(ids).new_tokens == plain

@@ -103,7 +103,7 @@ def test_a_saved_adapter_reloads_with_identical_draft_logits(tiny, tmp_path):
 
 
 def collected(model, tokenizer, tmp_path):
-    return collect(model, [tokenizer(t).input_ids for t in TEXTS], 2, 24, tmp_path / "kangaroo_data", None)
+    return collect(model, [tokenizer(t).input_ids for t in TEXTS], 2, 24, tmp_path / "kangaroo_data", ())
 
 
 def test_training_lowers_the_validation_loss(tiny, tokenizer, tmp_path):

@@ -78,7 +78,7 @@ def mean_accepted_tokens(cfg, skip: SkipSet) -> float:
     emitted = steps = 0
     for prompt in load_prompts("chat")[1:5]:
         result = generate(loaded.model, encode_prompt(loaded.tokenizer, prompt), sampling, drafter,
-                          loaded.tokenizer.eos_token_id)
+                          loaded.end_ids)
         emitted += sum(s.emitted for s in result.steps)
         steps += len(result.steps)
     return emitted / steps
@@ -215,13 +215,13 @@ def test_cost_model_objective_prices_each_step_of_the_trace():
     costs = StepCosts([10.0 + q for q in range(13)], [1.0] * 6, [2.0] * 6, 3.0)
     skip = SkipSet((3, 5), (4,))
     metrics = measure(loaded.model, prompt_ids, sampling, Candidate(skip), run_settings.draft,
-                      loaded.tokenizer.eos_token_id, 0, 6, costs=costs)
+                      loaded.end_ids, 0, 6, costs=costs)
     d = 10.0 - 2 * 1.0 - 2.0
     drafter = SelfDrafter(loaded.model, skip, make_exit_policy(run_settings.draft, True))
     emitted = modelled = 0.0
     for index, ids in enumerate(prompt_ids):
         generator = torch.Generator().manual_seed(index)
-        for step in generate(loaded.model, ids, sampling, drafter, loaded.tokenizer.eos_token_id, generator).steps:
+        for step in generate(loaded.model, ids, sampling, drafter, loaded.end_ids, generator).steps:
             emitted += step.emitted
             modelled += step.drafted * d + 10.0 + step.drafted
     assert metrics["modelled_speedup"] == pytest.approx(emitted * 10.0 / modelled, rel=1e-12)

@@ -30,7 +30,7 @@ def prompts(smollm2):
 def test_plain_greedy_equals_hf_generate(smollm2, prompts):
     model, eos = smollm2.model, smollm2.tokenizer.eos_token_id
     for ids in prompts:
-        ours = generate(model, ids, SETTINGS, eos_token_id=eos).new_tokens
+        ours = generate(model, ids, SETTINGS, end_ids=(eos,)).new_tokens
         theirs = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                 max_new_tokens=48, do_sample=False, eos_token_id=eos, pad_token_id=eos)
         assert ours == theirs[0, len(ids):].tolist()
@@ -43,8 +43,8 @@ def test_plain_greedy_equals_hf_generate(smollm2, prompts):
 def test_self_speculative_greedy_equals_plain(smollm2, prompts, attn, mlp, policy):
     model, eos = smollm2.model, smollm2.tokenizer.eos_token_id
     for ids in prompts:
-        plain = generate(model, ids, SETTINGS, eos_token_id=eos).new_tokens
+        plain = generate(model, ids, SETTINGS, end_ids=(eos,)).new_tokens
         result = generate(model, ids, SETTINGS, SelfDrafter(model, make_skip_set(attn, mlp, 30), policy),
-                          eos_token_id=eos)
+                          end_ids=(eos,))
         assert result.new_tokens == plain
         assert result.drafted > 0

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import torch
 from transformers.generation.streamers import BaseStreamer
 
+from selfspec.decoding.prompt_ids import single_prompt
 from selfspec.decoding.results import GenerationResult, StepRecord
 from selfspec.decoding.sampling import SamplingSettings
 from selfspec.errors import SelfspecError
@@ -30,7 +31,7 @@ class HFStrategy:
     name: str
     model: object
     settings: SamplingSettings
-    eos_token_id: int | None
+    end_ids: tuple[int, ...]  # any of them ends generation (LoadedModel.end_ids)
     prompt_lookup_tokens: int | None = None
     early_exit_layer: int | None = None  # draft with layers [0, early_exit_layer), then the final norm and head
     draft_model: object | None = None
@@ -39,8 +40,7 @@ class HFStrategy:
 
     def generate(self, prompt: list[int], generator: torch.Generator | None = None) -> GenerationResult:
         """Batch size 1; sampling draws from the global RNG, seeded from `generator.initial_seed()` inside a fork."""
-        if not prompt:
-            raise SelfspecError("empty prompt: it must hold at least one token")
+        prompt = single_prompt(prompt)
         assistant = self.model if self.early_exit_layer is not None else self.draft_model
         assisted = assistant is not None or self.prompt_lookup_tokens is not None
         steps: list[StepRecord] = []
@@ -69,8 +69,8 @@ class HFStrategy:
     def _generate_kwargs(self) -> dict:
         s = self.settings
         pad = self.model.generation_config.pad_token_id
-        kwargs = dict(max_new_tokens=s.max_new_tokens, eos_token_id=self.eos_token_id,
-                      pad_token_id=pad if pad is not None else (self.eos_token_id or 0),
+        kwargs = dict(max_new_tokens=s.max_new_tokens, eos_token_id=list(self.end_ids) or None,
+                      pad_token_id=pad if pad is not None else (self.end_ids or (0,))[0],
                       do_sample=not s.greedy, repetition_penalty=s.repetition_penalty)
         if not s.greedy:
             kwargs.update(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
@@ -83,7 +83,7 @@ class HFStrategy:
         return kwargs
 
 
-def make_hf_strategy(name: str, model, settings: SamplingSettings, eos_token_id, draft_model=None,
+def make_hf_strategy(name: str, model, settings: SamplingSettings, end_ids: tuple[int, ...], draft_model=None,
                      early_exit_layer: int | None = None, num_assistant_tokens: int = 5,
                      confidence_threshold: float = 0.4) -> HFStrategy:
     """One of HF_STRATEGIES; early_exit_layer None means 3/4 of the model's layers."""
@@ -95,19 +95,19 @@ def make_hf_strategy(name: str, model, settings: SamplingSettings, eos_token_id,
         raise SelfspecError(f"confidence_threshold={confidence_threshold} is outside [0, 1); 0 drafts a fixed length")
     common = dict(num_assistant_tokens=num_assistant_tokens, confidence_threshold=confidence_threshold)
     if name == "hf_generate":
-        return HFStrategy(name, model, settings, eos_token_id)
+        return HFStrategy(name, model, settings, end_ids)
     if name == "hf_prompt_lookup":
-        return HFStrategy(name, model, settings, eos_token_id, prompt_lookup_tokens=PROMPT_LOOKUP_TOKENS)
+        return HFStrategy(name, model, settings, end_ids, prompt_lookup_tokens=PROMPT_LOOKUP_TOKENS)
     if name == "hf_early_exit":
         layers = num_layers(model)
         layer = early_exit_layer if early_exit_layer is not None else max(1, 3 * layers // 4)
         if not 1 <= layer <= layers:
             raise SelfspecError(f"early_exit_layer={layer} is outside 1..{layers} (the model's layers)")
-        return HFStrategy(name, model, settings, eos_token_id, early_exit_layer=layer, **common)
+        return HFStrategy(name, model, settings, end_ids, early_exit_layer=layer, **common)
     if draft_model is None:
         raise SelfspecError("strategy hf_assistant needs a draft model: set draft_model=<option>, "
                             "e.g. draft_model=smollm2")
-    return HFStrategy(name, model, settings, eos_token_id, draft_model=draft_model, **common)
+    return HFStrategy(name, model, settings, end_ids, draft_model=draft_model, **common)
 
 
 class _TokenTimes(BaseStreamer):

@@ -9,11 +9,13 @@ from collections.abc import Iterator
 
 import torch
 
-from selfspec.decoding.drafters import Draft, Drafter, GenerationContext
+from selfspec.decoding.drafters import Draft, Drafter, GenerationContext, cut_at_end
+from selfspec.decoding.prompt_ids import single_prompt
 from selfspec.decoding.results import GenerationResult, StepRecord
 from selfspec.decoding.sampling import SamplingSettings, accept_probability, residual, sample, scores
 from selfspec.errors import SelfspecError
 from selfspec.models.cache import forward, new_cache
+from selfspec.models.skip import decoder_layers
 from selfspec.timing import clock
 
 
@@ -48,13 +50,13 @@ def verify_sampled(draft_tokens: list[int], q: torch.Tensor, p: torch.Tensor, ge
 
 
 def generate(model, prompt: list[int], settings: SamplingSettings, drafter: Drafter | None = None,
-             eos_token_id: int | None = None, generator: torch.Generator | None = None,
+             end_ids: tuple[int, ...] = (), generator: torch.Generator | None = None,
              target_gate: float | None = None) -> GenerationResult:
-    """Generate up to settings.max_new_tokens tokens after `prompt` (batch size 1), stopping at EOS; plain
-    decoding without a drafter."""
+    """Generate up to settings.max_new_tokens tokens after `prompt` (batch size 1), stopping after any of `end_ids`
+    (the model's end-of-turn ids, LoadedModel.end_ids); plain decoding without a drafter."""
     start = clock(model.device)
     new_tokens, steps, prefill_s = [], [], 0.0
-    for new, step in decode_steps(model, prompt, settings, drafter, eos_token_id, generator, target_gate):
+    for new, step in decode_steps(model, prompt, settings, drafter, end_ids, generator, target_gate):
         new_tokens += new
         if step is None:
             prefill_s = clock(model.device) - start
@@ -64,23 +66,23 @@ def generate(model, prompt: list[int], settings: SamplingSettings, drafter: Draf
 
 
 def decode_steps(model, prompt: list[int], settings: SamplingSettings, drafter: Drafter | None = None,
-                 eos_token_id: int | None = None, generator: torch.Generator | None = None,
+                 end_ids: tuple[int, ...] = (), generator: torch.Generator | None = None,
                  target_gate: float | None = None) -> Iterator[tuple[list[int], StepRecord | None]]:
     """`generate` one step at a time: yields the prefill's first token with step None, then each verification's
     new tokens and record. A consumer that stops iterating stops the generation there (streaming, disconnects)."""
-    if not prompt:
-        raise SelfspecError("empty prompt: it must hold at least one token")
+    prompt = single_prompt(prompt)
+    decoder_layers(model)  # a model of another layout ends here, in one line
     if target_gate is not None and not 0.0 <= target_gate <= 1.0:
         raise SelfspecError(f"target_gate={target_gate} is outside [0, 1]")
     max_len = len(prompt) + settings.max_new_tokens + (drafter.max_tokens if drafter is not None else 0) + 1
-    context = GenerationContext(new_cache(model, max_len), settings, generator, eos_token_id)
+    context = GenerationContext(new_cache(model, max_len), settings, generator, end_ids)
     if drafter is not None:
         drafter.begin(context)
 
     first, confidence = prefill(model, context, prompt)
     tokens = prompt + [first]
     yield [first], None
-    while tokens[-1] != eos_token_id and len(tokens) - len(prompt) < settings.max_new_tokens:
+    while tokens[-1] not in end_ids and len(tokens) - len(prompt) < settings.max_new_tokens:
         remaining = settings.max_new_tokens - (len(tokens) - len(prompt))
         gated = drafter is not None and target_gate is not None and confidence <= target_gate
         new, step = speculative_step(model, context, tokens, remaining, drafter, gated)
@@ -113,7 +115,7 @@ def speculative_step(model, context: GenerationContext, tokens: list[int], remai
     else:
         q = torch.stack(draft.probs) if draft.tokens else None  # (k, vocab)
         accepted, next_token = verify_sampled(draft.tokens, q, torch.softmax(target, dim=-1), context.generator)
-    new = _cut(draft.tokens[:accepted] + [next_token], context.eos_token_id, remaining)
+    new = cut_at_end((draft.tokens[:accepted] + [next_token])[:remaining], context.end_ids)
     context.cache.rewind(len(tokens) + len(new) - 1)
     confidence = float(torch.softmax(target[accepted], dim=-1)[next_token])  # the full model's p(next token)
     step = StepRecord(len(draft.tokens), accepted, len(new), drafter.threshold if drafter is not None else 0.0,
@@ -122,10 +124,3 @@ def speculative_step(model, context: GenerationContext, tokens: list[int], remai
         drafter.update(len(draft.tokens), accepted)
     return new, step
 
-
-def _cut(new: list[int], eos_token_id: int | None, remaining: int) -> list[int]:
-    """Keep at most `remaining` tokens, ending at the first EOS."""
-    new = new[:remaining]
-    if eos_token_id in new:
-        new = new[: new.index(eos_token_id) + 1]
-    return new

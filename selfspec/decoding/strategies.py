@@ -24,7 +24,7 @@ from selfspec.decoding.speculative import decode_steps, generate
 from selfspec.errors import SelfspecError
 from selfspec.models.draft_head import DraftHead
 from selfspec.models.kangaroo_adapter import load_adapter
-from selfspec.models.skip import SkipSet
+from selfspec.models.skip import SkipSet, decoder_layers
 from selfspec.settings import POLICIES, DraftSettings, HFSettings, KangarooSettings
 
 NAMES = ("plain", "self_spec", *(f"self_spec_{p}" for p in (*POLICIES, "searched", "hybrid")), "prompt_lookup",
@@ -37,34 +37,36 @@ class Strategy:
     name: str
     model: object
     settings: SamplingSettings
-    eos_token_id: int | None
+    end_ids: tuple[int, ...]  # any of them ends generation (LoadedModel.end_ids)
     drafter: Drafter | None = None
     target_gate: float | None = None
 
     def generate(self, prompt: list[int], generator: torch.Generator | None = None) -> GenerationResult:
-        return generate(self.model, prompt, self.settings, self.drafter, self.eos_token_id, generator,
+        return generate(self.model, prompt, self.settings, self.drafter, self.end_ids, generator,
                         self.target_gate)
 
     def steps(self, prompt: list[int], generator: torch.Generator | None = None
               ) -> Iterator[tuple[list[int], StepRecord | None]]:
         """`generate` step by step (decoding/speculative.py `decode_steps`), for streaming."""
-        return decode_steps(self.model, prompt, self.settings, self.drafter, self.eos_token_id, generator,
+        return decode_steps(self.model, prompt, self.settings, self.drafter, self.end_ids, generator,
                             self.target_gate)
 
 
-def make_strategy(name: str, model, settings: SamplingSettings, eos_token_id, skip: SkipSet, draft: DraftSettings,
-                  draft_model=None, draft_head: DraftHead | None = None, hf: HFSettings | None = None,
-                  kangaroo: KangarooSettings | None = None, searched: tuple[SkipSet, DraftHead | None] | None = None,
+def make_strategy(name: str, model, settings: SamplingSettings, end_ids: tuple[int, ...], skip: SkipSet,
+                  draft: DraftSettings, draft_model=None, draft_head: DraftHead | None = None,
+                  hf: HFSettings | None = None, kangaroo: KangarooSettings | None = None,
+                  searched: tuple[SkipSet, DraftHead | None] | None = None,
                   costs: CostMeter | None = None) -> Strategy | HFStrategy:
     """The strategy `name` (see NAMES); `searched`: the searched skip set and its draft head, for
     self_spec_searched; `costs`: this machine's step costs for the cost-aware policy, measured on first use and
     shared by the strategies of a run. Each strategy gets fresh draft-exit policies."""
     if name in HF_STRATEGIES:
-        return make_hf_strategy(name, model, settings, eos_token_id, draft_model, **(vars(hf) if hf else {}))
-    if name == "plain":
-        return Strategy(name, model, settings, eos_token_id)
+        return make_hf_strategy(name, model, settings, end_ids, draft_model, **(vars(hf) if hf else {}))
     if name not in NAMES:
         raise SelfspecError(f"strategy {name!r} is unknown; allowed: {', '.join(NAMES)}")
+    decoder_layers(model)  # our decoding needs the supported layout: say so before any prompt runs
+    if name == "plain":
+        return Strategy(name, model, settings, end_ids)
     suffix = name.removeprefix("self_spec_")
     policy = suffix if suffix in POLICIES else draft.policy
     if name == "self_spec_hybrid":
@@ -99,4 +101,4 @@ def make_strategy(name: str, model, settings: SamplingSettings, eos_token_id, sk
     else:  # kangaroo
         adapter, exit_layer = load_adapter(kangaroo and kangaroo.adapter_path, model, kangaroo and kangaroo.exit_layer)
         drafter = KangarooDrafter(model, adapter, exit_layer, exit_policy())
-    return Strategy(name, model, settings, eos_token_id, drafter, draft.target_gate)
+    return Strategy(name, model, settings, end_ids, drafter, draft.target_gate)

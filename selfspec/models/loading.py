@@ -16,6 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.utils import cached_file
 
 from selfspec.errors import SelfspecError
+from selfspec.models.skip import decoder_layers
 from selfspec.models.tiny import byte_tokenizer, tiny_model
 from selfspec.settings import ModelSettings
 
@@ -28,6 +29,7 @@ class LoadedModel:
     name: str
     model: PreTrainedModel  # eval mode, on settings.device, in settings.dtype
     tokenizer: PreTrainedTokenizerBase
+    end_ids: tuple[int, ...]  # every id that ends a turn (model_end_ids): generation stops after any of them
 
 
 def load_model(settings: ModelSettings) -> LoadedModel:
@@ -42,7 +44,17 @@ def load_model(settings: ModelSettings) -> LoadedModel:
                   else _cached_gguf(settings.source, Path(settings.cache_dir).expanduser()))
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    return LoadedModel(name=settings.name, model=model.to(device).eval(), tokenizer=tokenizer)
+    decoder_layers(model)  # an unsupported layout ends here, not inside a forward
+    return LoadedModel(name=settings.name, model=model.to(device).eval(), tokenizer=tokenizer,
+                       end_ids=model_end_ids(model, tokenizer))
+
+
+def model_end_ids(model, tokenizer) -> tuple[int, ...]:
+    """The model's `generation_config.eos_token_id` (an id or a list: Gemma's instruct models end a turn with
+    <end_of_turn>, Llama-3's with <|eot_id|>), then the tokenizer's EOS, without repeats."""
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids = list(configured) if isinstance(configured, (list, tuple)) else [configured]
+    return tuple(dict.fromkeys(int(i) for i in [*ids, tokenizer.eos_token_id] if i is not None))
 
 
 def _device(name: str) -> torch.device:

@@ -51,8 +51,20 @@ def make_skip_set(attn, mlp, num_layers: int) -> SkipSet:
     return SkipSet(**checked)
 
 
+SUPPORTED_FAMILIES = "Llama, Gemma-2, Gemma-3 (text) and others laid out as model.model.layers[i].self_attn / .mlp"
+
+
 def decoder_layers(model) -> nn.ModuleList:
-    return model.model.layers
+    """model.model.layers; SelfspecError naming the supported families for a model laid out otherwise."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not isinstance(layers, nn.ModuleList) or not all(
+            isinstance(layer, SkippedLayer) or (hasattr(layer, "self_attn") and hasattr(layer, "mlp"))
+            for layer in layers):
+        config = getattr(model, "config", None)
+        raise SelfspecError(f"model {type(model).__name__} (model_type {getattr(config, 'model_type', None)!r}) has "
+                            f"no model.model.layers[i].self_attn / .mlp, which layer skipping and our decoding need; "
+                            f"supported: {SUPPORTED_FAMILIES}")
+    return layers
 
 
 def num_layers(model) -> int:

@@ -61,7 +61,7 @@ def aggregate(per_prompt: list[dict], skipped_fraction: float) -> dict:
 
 
 def measure(model, prompt_ids: list[list[int]], settings: SamplingSettings, candidate: Candidate | None,
-            draft: DraftSettings, eos_token_id: int | None, seed: int, layers: int, on_prompt=None,
+            draft: DraftSettings, end_ids: tuple[int, ...], seed: int, layers: int, on_prompt=None,
             head: DraftHead | None = None, costs: StepCosts | None = None) -> dict:
     """Decode every prompt (self-speculatively with `candidate` and its `head`, plainly when candidate is None)
     with one fresh exit policy; with `costs`, also price each step by the cost model. `on_prompt(index, counts)`
@@ -73,7 +73,7 @@ def measure(model, prompt_ids: list[list[int]], settings: SamplingSettings, cand
     per_prompt = []
     for index, ids in enumerate(prompt_ids):
         generator = torch.Generator(device=model.device).manual_seed(seed + index)
-        result = generate(model, ids, settings, drafter, eos_token_id, generator)
+        result = generate(model, ids, settings, drafter, end_ids, generator)
         counts = prompt_counts(result)
         if draft_ms is not None:
             trace = [(step.drafted, step.emitted) for step in result.steps]
@@ -90,7 +90,7 @@ def warm_up(loaded: LoadedModel, ids: list[int], settings: SamplingSettings, dra
     short = dataclasses.replace(settings, max_new_tokens=min(8, settings.max_new_tokens))
     skip = SkipSet((space.hi - 1,), ())
     for drafter in (None, SelfDrafter(loaded.model, skip, make_exit_policy(draft, settings.greedy))):
-        generate(loaded.model, ids[:64], short, drafter, loaded.tokenizer.eos_token_id)
+        generate(loaded.model, ids[:64], short, drafter, loaded.end_ids)
 
 
 @dataclass
@@ -101,7 +101,7 @@ class TrialObjective:
     prompt_ids: list
     settings: SamplingSettings
     draft: DraftSettings
-    eos_token_id: int | None
+    end_ids: tuple[int, ...]
     seed: int
     space: SearchSpace
     objective: str
@@ -113,15 +113,14 @@ class TrialObjective:
     def prepared(cls, loaded: LoadedModel, prompt_ids: list[list[int]], settings: SamplingSettings,
                  draft: DraftSettings, seed: int, space: SearchSpace, objective: str) -> "TrialObjective":
         """Build the draft heads, warm up, measure the step costs (objective cost_model) and plain decoding."""
-        eos = loaded.tokenizer.eos_token_id
         heads = {n: make_draft_head(loaded.model, loaded.tokenizer, n) for n in space.vocab_sizes if n}
         warm_up(loaded, prompt_ids[0], settings, draft, space)
         costs = None
         if objective == "cost_model":
             costs = measure_step_costs(loaded.model, draft.max_tokens + 1, heads)
             print(f"search: step costs on this machine: {costs.summary()}")
-        plain = measure(loaded.model, prompt_ids, settings, None, draft, eos, seed, space.num_layers)
-        return cls(loaded.model, prompt_ids, settings, draft, eos, seed, space, objective, plain["tokens_per_s"],
+        plain = measure(loaded.model, prompt_ids, settings, None, draft, loaded.end_ids, seed, space.num_layers)
+        return cls(loaded.model, prompt_ids, settings, draft, loaded.end_ids, seed, space, objective, plain["tokens_per_s"],
                    heads, costs)
 
     @property
@@ -149,7 +148,7 @@ class TrialObjective:
                 if index < len(self.prompt_ids) - 1 and trial.should_prune():  # the last prompt completes it
                     self._prune(trial, f"wilcoxon test after prompt {index}")
 
-        metrics = measure(self.model, self.prompt_ids, self.settings, candidate, self.draft, self.eos_token_id,
+        metrics = measure(self.model, self.prompt_ids, self.settings, candidate, self.draft, self.end_ids,
                           self.seed, self.space.num_layers, on_prompt, self.heads.get(candidate.vocab_size),
                           self.costs)
         if metrics["mean_accepted_tokens"] is None or metrics["tokens_per_s"] is None:

@@ -6,7 +6,7 @@
 when there is one and a model draft otherwise; `KangarooDrafter` (kangaroo.py) drafts by double early exit.
 """
 
-from selfspec.decoding.drafters.base import Draft, Drafter, ExitPolicyDrafter, GenerationContext
+from selfspec.decoding.drafters.base import Draft, Drafter, ExitPolicyDrafter, GenerationContext, cut_at_end
 from selfspec.decoding.drafters.hybrid import HybridDrafter
 from selfspec.decoding.drafters.kangaroo import KangarooDrafter
 from selfspec.decoding.drafters.layer_skip import SelfDrafter
@@ -14,4 +14,4 @@ from selfspec.decoding.drafters.ngram import NGRAM, NgramDrafter, ngram_continua
 from selfspec.decoding.drafters.two_model import ModelDrafter
 
 __all__ = ["Draft", "Drafter", "ExitPolicyDrafter", "GenerationContext", "HybridDrafter", "KangarooDrafter",
-           "ModelDrafter", "NGRAM", "NgramDrafter", "SelfDrafter", "ngram_continuation"]
+           "ModelDrafter", "NGRAM", "NgramDrafter", "SelfDrafter", "cut_at_end", "ngram_continuation"]

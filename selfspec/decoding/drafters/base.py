@@ -25,7 +25,7 @@ class GenerationContext:
     cache: RewindableCache  # the full model's KV cache
     settings: SamplingSettings
     generator: torch.Generator | None = None
-    eos_token_id: int | None = None
+    end_ids: tuple[int, ...] = ()  # the model's end-of-turn ids (models/loading.py): any of them ends generation
     processor: LogitsProcessorList = field(init=False)  # the filters plain decoding applies
 
     def __post_init__(self):
@@ -51,13 +51,21 @@ class Drafter(Protocol):
         """The draft-exit threshold in force, recorded with every step (0.0 for drafters without one)."""
 
     def begin(self, context: GenerationContext) -> None:
-        """A new generation starts: its cache, sampling settings, generator and EOS id."""
+        """A new generation starts: its cache, sampling settings, generator and end ids."""
 
     def draft(self, tokens: list[int], max_tokens: int) -> Draft:
         """Up to `max_tokens` tokens to follow `tokens`; all but the last of `tokens` are in the cache."""
 
     def update(self, drafted: int, accepted: int) -> None:
         """The full model accepted `accepted` of the `drafted` tokens of the last draft."""
+
+
+def cut_at_end(tokens: list[int], end_ids: tuple[int, ...]) -> list[int]:
+    """`tokens` up to and including the first end id."""
+    for index, token in enumerate(tokens):
+        if token in end_ids:
+            return tokens[:index + 1]
+    return tokens
 
 
 class ExitPolicyDrafter:
@@ -87,7 +95,7 @@ class ExitPolicyDrafter:
 
         `next_logits(ids, start) -> (vocab,)` runs the draft model on ids at positions start.. and returns the
         logits of the last position. Drafts nothing when the policy's plan says so; stops where the policy says
-        (it sees every draft token's top draft probability), after `max_tokens` tokens, or after EOS. The policy
+        (it sees every draft token's top draft probability), after `max_tokens` tokens, or after an end id. The policy
         also learns what a draft token took, all of the loop's work included.
         """
         context, settings = self.context, self.context.settings
@@ -107,7 +115,7 @@ class ExitPolicyDrafter:
                 draft.probs.append(probs)
             history.append(token)
             if (self.exit_policy.should_stop(float(probs.max())) or len(draft.tokens) == max_tokens
-                    or token == context.eos_token_id):
+                    or token in context.end_ids):
                 self.exit_policy.observe_draft_ms(1000 * (clock(logits.device) - start) / len(draft.tokens))
                 return draft
             logits = next_logits([token], len(history) - 1)

@@ -3,7 +3,7 @@
 import torch
 
 from selfspec.decoding.draft_exit import DraftExit
-from selfspec.decoding.drafters.base import Draft, GenerationContext
+from selfspec.decoding.drafters.base import Draft, GenerationContext, cut_at_end
 from selfspec.errors import SelfspecError
 
 NGRAM = "ngram"  # Draft.source of copied drafts
@@ -37,10 +37,8 @@ class NgramDrafter:
         self.context = context
 
     def draft(self, tokens: list[int], max_tokens: int) -> Draft:
-        copied = ngram_continuation(tokens, self.ngram_size, min(max_tokens, self.num_tokens))
-        eos = self.context.eos_token_id
-        if eos in copied:
-            copied = copied[: copied.index(eos) + 1]
+        copied = cut_at_end(ngram_continuation(tokens, self.ngram_size, min(max_tokens, self.num_tokens)),
+                            self.context.end_ids)
         if self.exit_policy and copied:
             copied = self._cut(copied)
         if self.context.settings.greedy:

@@ -1,0 +1,60 @@
+"""run.py with the inputs of issue 16: public prompt files, prompts too long for the model, a model of another
+layout. Each ends with a result or one `selfspec: error:` line, never a traceback."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from transformers import GPT2Config, GPT2LMHeadModel
+
+from selfspec.models.tiny import byte_tokenizer
+
+pytestmark = pytest.mark.slow  # run.py in a subprocess
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC_BENCH = Path(__file__).parent / "data" / "spec_bench_question.jsonl"
+
+
+def run_py(out_dir, *overrides):
+    return subprocess.run([sys.executable, "run.py", f"hydra.run.dir={out_dir}", "model=tiny_llama", "logger=none",
+                           "sampling.max_new_tokens=8", "warmup=false", *overrides], cwd=ROOT, capture_output=True,
+                          text=True, timeout=600)
+
+
+def error_line(result) -> str:
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    line = result.stderr.strip().splitlines()[-1]
+    assert line.startswith("selfspec: error: "), result.stderr[-3000:]
+    return line
+
+
+def test_spec_bench_questions_decode_and_a_long_prompt_is_truncated_and_counted(tmp_path):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(SPEC_BENCH.read_text().splitlines()[0] + "\n"
+                       + json.dumps({"question_id": "long", "turns": ["word " * 1000]}) + "\n")
+    result = run_py(tmp_path / "run", "data=jsonl", f"data.path={prompts}", "data.max_prompt_tokens=256")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "selfspec: warning: 1 of 2 prompts were longer than data.max_prompt_tokens=256" in result.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["plain"]["truncated_prompts"] == 1 and summary["self_spec"]["n_prompts"] == 2
+
+
+@pytest.mark.parametrize("file_text, overrides, message", [
+    ('{"question_id": "long", "turns": ["' + "word " * 1000 + '"]}\n', [], "prompt 'long' is 50"),
+    ('{"text": "hi", "label": 1}\n', [], "no prompt format fits fields ['label', 'text']"),
+    ('{"turns": ["hi"]}\n', ["data.format=alpaca"], "format alpaca needs instruction; found fields ['turns']"),
+])
+def test_bad_prompt_files_end_in_one_error_line(tmp_path, file_text, overrides, message):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(file_text)
+    assert message in error_line(run_py(tmp_path / "run", "data=jsonl", f"data.path={prompts}", *overrides))
+
+
+def test_a_model_of_another_layout_ends_in_one_error_line(tmp_path):
+    GPT2LMHeadModel(GPT2Config(vocab_size=259, n_embd=16, n_layer=2, n_head=2)).save_pretrained(tmp_path / "gpt2")
+    byte_tokenizer().save_pretrained(tmp_path / "gpt2")
+    line = error_line(run_py(tmp_path / "run", "model=llama", f"model.path={tmp_path / 'gpt2'}", "model.device=cpu",
+                             "model.dtype=float32", "data=chat", "data.limit=1"))
+    assert "GPT2LMHeadModel" in line and "supported: Llama, Gemma-2, Gemma-3 (text)" in line

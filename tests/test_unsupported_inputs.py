@@ -1,0 +1,81 @@
+"""Models of another layout and batches of prompts end in one line naming what is supported, not a traceback."""
+
+import pytest
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, OPTConfig, OPTForCausalLM
+
+from selfspec.decoding.sampling import SamplingSettings
+from selfspec.decoding.speculative import generate
+from selfspec.decoding.strategies import NAMES, make_strategy
+from selfspec.errors import SelfspecError
+from selfspec.models.loading import load_model
+from selfspec.models.skip import SkipSet, skipping
+from selfspec.models.tiny import byte_tokenizer
+from selfspec.settings import DraftSettings, ModelSettings
+
+GREEDY = SamplingSettings(max_new_tokens=8)
+DRAFT = DraftSettings(policy="fixed", max_tokens=4, ngram_size=2, ngram_tokens=4)
+SUPPORTED = "supported: Llama, Gemma-2, Gemma-3 (text)"
+
+
+def gpt2():  # transformer.h[i].attn / .mlp: no model.model at all
+    return GPT2LMHeadModel(GPT2Config(vocab_size=259, n_embd=16, n_layer=2, n_head=2, n_positions=64)).eval()
+
+
+def opt():  # model.decoder.layers[i].self_attn / .fc1: a model.model without layers
+    return OPTForCausalLM(OPTConfig(vocab_size=259, hidden_size=16, num_hidden_layers=2, ffn_dim=32,
+                                    num_attention_heads=2, max_position_embeddings=64, word_embed_proj_dim=16)).eval()
+
+
+def one_line_naming_the_supported_families(error: pytest.ExceptionInfo, model_class: str) -> None:
+    message = str(error.value)
+    assert len(message.splitlines()) == 1 and SUPPORTED in message and model_class in message
+
+
+@pytest.mark.parametrize("build", [gpt2, opt])
+def test_a_model_of_another_layout_is_refused_by_every_entry_point_in_one_line(build):
+    model = build()
+    name = type(model).__name__
+    with pytest.raises(SelfspecError) as err:
+        with skipping(model, SkipSet(attn=(0,))):
+            pass
+    one_line_naming_the_supported_families(err, name)
+    with pytest.raises(SelfspecError) as err:
+        generate(model, [5, 6, 7], GREEDY)
+    one_line_naming_the_supported_families(err, name)
+    for strategy in [n for n in NAMES if not n.startswith("hf_") or n == "hf_early_exit"]:
+        with pytest.raises(SelfspecError) as err:
+            make_strategy(strategy, model, GREEDY, (2,), SkipSet(attn=(0,)), DRAFT, draft_model=model)
+        one_line_naming_the_supported_families(err, name)
+
+
+def test_a_checkpoint_of_another_layout_is_refused_at_load(tmp_path):
+    gpt2().save_pretrained(tmp_path)
+    byte_tokenizer().save_pretrained(tmp_path)
+    with pytest.raises(SelfspecError) as err:
+        load_model(ModelSettings(name="m", source="hub", path=str(tmp_path), dtype="float32", device="cpu"))
+    one_line_naming_the_supported_families(err, "GPT2LMHeadModel")
+
+
+@pytest.mark.parametrize("name", ["plain", "self_spec", "hf_generate"])
+def test_a_batch_of_prompts_ends_in_one_line_and_a_batch_of_one_decodes_like_a_list(tiny, prompt, name):
+    strategy = make_strategy(name, tiny, GREEDY, (2,), SkipSet(attn=(1,)), DRAFT)
+    for batch in ([prompt, prompt], torch.tensor([prompt, prompt])):
+        with pytest.raises(SelfspecError, match=r"^a batch of 2 prompts was given; decoding takes one prompt at a "
+                                                r"time \(batch size 1\)"):
+            strategy.generate(batch)
+    expected = strategy.generate(prompt).new_tokens
+    assert strategy.generate(torch.tensor([prompt])).new_tokens == expected
+    assert strategy.generate(torch.tensor(prompt)).new_tokens == expected
+
+
+@pytest.mark.parametrize("prompt, message", [
+    ([], "empty prompt"),
+    ([[]], "empty prompt"),
+    ([5, "6"], "'6' is not an integer"),
+    ([5, 6.0], "6.0 is not an integer"),
+    ("hello", "a prompt is a list of token ids, got str"),
+])
+def test_a_prompt_that_is_not_token_ids_ends_in_one_line(tiny, prompt, message):
+    with pytest.raises(SelfspecError, match=message):
+        generate(tiny, prompt, GREEDY)
