@@ -85,14 +85,14 @@ def test_a_stop_string_ends_the_reply_before_it(model, tokenizer, plain):
 
 def test_a_stop_string_split_across_steps_is_held_back_until_it_completes(tokenizer):
     steps = (([tokenizer(c).input_ids[0]], None) for c in "xyabc")
-    chunks = list(stream_chunks(steps, tokenizer, eos_token_id=2, stop=["abc"]))
+    chunks = list(stream_chunks(steps, tokenizer, end_ids=(2,), stop=["abc"]))
     assert [c.text for c in chunks] == ["x", "y", "", "", ""] and chunks[-1].finish_reason == "stop"
 
 
 def test_leaving_the_stream_closes_the_decoding_loop(model, tokenizer):
     decoder = SelfSpeculativeDecoder(model, tokenizer, skip=SKIP, draft=DRAFT)
     steps = decoder.strategy(SamplingSettings(max_new_tokens=24)).steps(tokenizer(TEXT).input_ids)
-    chunks = stream_chunks(steps, tokenizer, tokenizer.eos_token_id)
+    chunks = stream_chunks(steps, tokenizer, (tokenizer.eos_token_id,))
     next(chunks), next(chunks)
     chunks.close()
     assert inspect.getgeneratorstate(steps) == inspect.GEN_CLOSED

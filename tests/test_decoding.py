@@ -161,7 +161,7 @@ def test_cost_aware_strategies_share_one_measurement_and_equal_plain(tiny, promp
     meter = CostMeter(tiny, 11, repeats=1)
     plain = generate(tiny, prompt, GREEDY).new_tokens
     skip = make_skip_set([1], [2], 6)
-    strategies = [make_strategy(name, tiny, GREEDY, None, skip, draft, costs=meter)
+    strategies = [make_strategy(name, tiny, GREEDY, (), skip, draft, costs=meter)
                   for name in ("self_spec", "self_spec_cost", "self_spec_hybrid")]
     assert len(meter.verify_ms) == 11 and list(meter.draft_ms) == [(skip, id(None))]
     hybrid = strategies[2].drafter
@@ -170,7 +170,7 @@ def test_cost_aware_strategies_share_one_measurement_and_equal_plain(tiny, promp
     assert all(s.generate(prompt).new_tokens == plain for s in strategies)
     with pytest.raises(SelfspecError, match="draft.policy=cost is for the layer-skip and copying drafters; "
                                             "strategy two_model takes"):
-        make_strategy("two_model", tiny, GREEDY, None, skip, draft, draft_model=tiny, costs=meter)
+        make_strategy("two_model", tiny, GREEDY, (), skip, draft, draft_model=tiny, costs=meter)
 
 
 def test_target_gate_at_one_never_drafts_and_at_zero_changes_nothing(tiny, prompt):

@@ -17,7 +17,7 @@ from selfspec.records import read_records
 from selfspec.settings import DraftSettings
 from selfspec.spec_bench import write_answers
 
-EOS = 2
+EOS = (2,)
 PROMPTS = [Prompt("81", "writing", ("Write a poem about rain.", "Now make it shorter."), chat=True),
            Prompt("82", "math", ("What is 2 + 2?",), chat=True)]
 

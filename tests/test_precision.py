@@ -32,7 +32,7 @@ def test_bfloat16_runs_measure_the_match_fraction_and_where_outputs_part(tmp_pat
     model = tiny_model("llama", num_layers=4, hidden_size=256, init_std=0.05).to(torch.bfloat16)
     sampling = SamplingSettings(max_new_tokens=20)
     draft = DraftSettings(policy="fixed", max_tokens=4, ngram_size=2, ngram_tokens=10)
-    strategies = [make_strategy(name, model, sampling, 2, SkipSet(attn=(1,), mlp=(2,)), draft)
+    strategies = [make_strategy(name, model, sampling, (2,), SkipSet(attn=(1,), mlp=(2,)), draft)
                   for name in ("plain", "self_spec_fixed")]
     prompts = load_prompts("chat", limit=3)
     summary = evaluate(strategies, prompts, [encode_prompt(tokenizer, p) for p in prompts], tokenizer, tmp_path,

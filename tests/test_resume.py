@@ -30,7 +30,7 @@ def strategies(model):
     sampling = SamplingSettings(max_new_tokens=12)
     draft = DraftSettings(policy="adaptive", max_tokens=4, ngram_size=2, ngram_tokens=10)
     skip = SkipSet(attn=(2, 4), mlp=(3,))
-    return [make_strategy(name, model, sampling, 2, skip, draft) for name in ("plain", "self_spec", "self_spec_hybrid")]
+    return [make_strategy(name, model, sampling, (2,), skip, draft) for name in ("plain", "self_spec", "self_spec_hybrid")]
 
 
 def untimed(records) -> list[dict]:
