@@ -19,8 +19,18 @@ from selfspec.models.skip import SkipSet, make_skip_set
 from selfspec.models.tiny import tiny_model
 
 from conftest import run_settings
+from test_decoding import hf_greedy
 
 WINDOW = 8  # sliding window of the tiny Gemma models: shorter than every test sequence
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models are overhead-bound: a second thread only adds contention on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module", params=["llama", "gemma2", "gemma3"])
@@ -93,13 +103,19 @@ def test_a_chain_shaped_tree_gives_the_chain_forwards_logits_past_the_sliding_wi
     torch.testing.assert_close(logits, expected)
 
 
-def plain_output(model, prompt, n=30, eos=None):
-    return generate(model, prompt, SamplingSettings(max_new_tokens=n), eos_token_id=eos).new_tokens
+def plain_output(model, prompt, n=30):
+    return generate(model, prompt, SamplingSettings(max_new_tokens=n)).new_tokens
 
 
-def test_random_trees_keep_greedy_output_and_accept_deep_and_later_branches(model, prompt):
-    plain = plain_output(model, prompt)
-    for seed in range(3):
+@pytest.fixture(scope="module")
+def plain(model, tokenizer):
+    """30 tokens of plain greedy decoding after conftest's `prompt`, once per model."""
+    return plain_output(model, tokenizer("def fibonacci(n):\n    ").input_ids)
+
+
+def test_random_trees_keep_greedy_output_and_accept_deep_and_later_branches(model, prompt, plain):
+    assert plain == hf_greedy(model, prompt, 30)  # our plain loop is the reference, past the sliding window too
+    for seed in range(2):
         result = generate(model, prompt, SamplingSettings(max_new_tokens=30),
                           RandomTreeDrafter(prompt + plain, seed))
         assert result.new_tokens == plain, seed
@@ -107,8 +123,7 @@ def test_random_trees_keep_greedy_output_and_accept_deep_and_later_branches(mode
         assert all(s.tree_size == s.drafted and s.accepted <= s.tree_depth for s in result.steps)
 
 
-def test_eos_inside_a_branch_ends_the_output_there(model, prompt):
-    plain = plain_output(model, prompt)
+def test_eos_inside_a_branch_ends_the_output_there(model, prompt, plain):
     eos = plain[12]
     expected = plain[: plain.index(eos) + 1]
     cut_inside = 0
@@ -120,8 +135,7 @@ def test_eos_inside_a_branch_ends_the_output_there(model, prompt):
     assert cut_inside > 0
 
 
-def test_max_new_tokens_cuts_a_branch_that_runs_past_it(model, prompt):
-    plain = plain_output(model, prompt)
+def test_max_new_tokens_cuts_a_branch_that_runs_past_it(model, prompt, plain):
     cut_inside = 0
     for n in (1, 3, 7):
         for seed in range(2):
@@ -134,8 +148,7 @@ def test_max_new_tokens_cuts_a_branch_that_runs_past_it(model, prompt):
     assert cut_inside > 0
 
 
-def test_cache_after_every_tree_step_equals_plain_decodings_cache(model, prompt):
-    plain = plain_output(model, prompt)
+def test_cache_after_every_tree_step_equals_plain_decodings_cache(model, prompt, plain):
     context = GenerationContext(new_cache(model, 80), SamplingSettings(max_new_tokens=30))
     drafter = RandomTreeDrafter(prompt + plain, 0)
     drafter.begin(context)
@@ -159,9 +172,10 @@ def test_cache_after_every_tree_step_equals_plain_decodings_cache(model, prompt)
 def test_tree_drafters_keep_greedy_output_for_several_skip_sets(model, tokenizer):
     prompt = tokenizer("def fib(n):\n    return fib(n - 1) + fib(n - 2)\n\ndef fib").input_ids  # repeats to copy
     rng = random.Random(2)
-    for settings in (SamplingSettings(max_new_tokens=24), SamplingSettings(max_new_tokens=24, repetition_penalty=1.3)):
+    for settings, configs in ((SamplingSettings(max_new_tokens=20), 2),
+                              (SamplingSettings(max_new_tokens=20, repetition_penalty=1.3), 1)):
         plain = generate(model, prompt, settings).new_tokens
-        for _ in range(2):
+        for _ in range(configs):
             skip = make_skip_set(rng.sample(range(4), rng.randint(0, 2)), rng.sample(range(4), rng.randint(1, 2)), 4)
             nodes, depth, width = rng.randint(2, 8), rng.randint(1, 5), rng.randint(1, 3)
             tree = SelfTreeDrafter(model, skip, ThresholdExit(8, 0.3), None, nodes, depth, width, rng.random())
@@ -172,7 +186,8 @@ def test_tree_drafters_keep_greedy_output_for_several_skip_sets(model, tokenizer
                 assert all(s.tree_size <= nodes and s.tree_depth <= depth for s in result.steps)
 
 
-def test_layer_skip_tree_branches_only_where_the_draft_is_unsure(model, prompt):
+def test_layer_skip_tree_branches_only_where_the_draft_is_unsure(prompt):
+    model = tiny_model("llama", num_layers=4).double()
     skip = make_skip_set([1], [2], 4)
     context = GenerationContext(new_cache(model, 64), SamplingSettings(max_new_tokens=30))
     tokens = prompt + [prefill(model, context, prompt)[0]]
@@ -201,7 +216,8 @@ def test_ngram_trie_merges_distinct_continuations_within_its_budget():
     # the root already has two children, so [1, 2] was dropped; the budget cut 7 8 9 5 after 9
 
 
-def test_tree_strategies_and_settings(model, prompt):
+def test_tree_strategies_and_settings(prompt):
+    model = tiny_model("llama", num_layers=4).double()
     settings = run_settings("draft.tree_nodes=5", "draft.tree_depth=3")
     plain = plain_output(model, prompt, 20)
     for name in ("prompt_lookup_tree", "self_spec_tree"):

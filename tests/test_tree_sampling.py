@@ -21,6 +21,15 @@ from test_decoding import chi_square_pvalue, exact_pair_distribution
 V = 4  # vocabulary of the analytic test
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models are overhead-bound: a second thread only adds contention on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def random_distribution(gen, zeros: int = 0) -> torch.Tensor:
     d = torch.rand(V, generator=gen, dtype=torch.float64)
     d[torch.randperm(V, generator=gen)[:zeros]] = 0.0
@@ -28,7 +37,7 @@ def random_distribution(gen, zeros: int = 0) -> torch.Tensor:
 
 
 def without_replacement(q: torch.Tensor, k: int):
-    """Every ordered draw of k distinct tokens from q as `branches` samples them: (tokens, probability, the q of each)."""
+    """Every ordered draw of k distinct tokens from q as `branches` samples them: (tokens, probability, each's q)."""
     draws = []
     for tokens in permutations(range(V), k):
         probability, qs, rest = 1.0, [], q
@@ -131,39 +140,37 @@ def test_sampled_branches_are_distinct_with_the_renormalised_q_each_was_drawn_fr
 
 
 def tree_counts(drafter, prompt, n, seed):
-    """Counts of (new token 2, new token 3), both decided by one tree step after the prefill's token."""
-    model, settings = drafter_model(), SamplingSettings(temperature=1.0, top_k=3, max_new_tokens=3)
-    gen, counts, trees = torch.Generator().manual_seed(seed), defaultdict(int), 0
+    """Counts of (new token 2, new token 3), both decided by one tree step after the prefill's token; and the draft
+    sources of the steps that branched (more nodes than their deepest branch)."""
+    settings = SamplingSettings(temperature=1.0, top_k=3, max_new_tokens=3)
+    gen, counts, branched = torch.Generator().manual_seed(seed), defaultdict(int), set()
     for _ in range(n):
-        result = generate(model, prompt, settings, drafter, generator=gen)
+        result = generate(MODEL, prompt, settings, drafter, generator=gen)
         counts[tuple(result.new_tokens[1:3])] += 1
-        trees += any(s.tree_size > s.tree_depth for s in result.steps)  # branched: more nodes than one chain
-    return counts, trees
+        branched |= {s.source for s in result.steps if s.tree_size > s.tree_depth}
+    return counts, branched
 
 
-_MODEL = []
-
-
-def drafter_model():
-    if not _MODEL:
-        _MODEL.append(tiny_model("llama", num_layers=2, hidden_size=32, seed=3, init_std=0.3).double())
-    return _MODEL[0]
+MODEL = tiny_model("llama", num_layers=2, hidden_size=32, seed=3, init_std=0.3).double()
+# the first new token is mostly 253, whose earlier occurrences are followed by 253, 157 and 44: a 3-way n-gram trie
+COPY_PROMPT = [253, 44, 157, 253, 157, 166, 157, 157, 157, 253]
 
 
 @pytest.mark.slow
-def test_sampled_tree_verification_matches_plain_sampling_and_a_broken_rule_fails(monkeypatch):
-    """Chi-square goodness of fit of (token 2, token 3) against the exact distribution of plain sampling, for the
-    hybrid tree (n-gram tries where the prompt has several continuations, else the branching layer-skip draft).
-    The same test with the residual update left out must fail."""
-    model = drafter_model()
-    prompt = [5, 40, 77]
-    skip_tree = SelfTreeDrafter(model, make_skip_set([], [1], 2), DraftExit(2), nodes=6, depth=2, width=2,
+@pytest.mark.parametrize("drafter_kind", ["self_tree", "hybrid_tree"])
+def test_sampled_tree_verification_matches_plain_sampling_and_a_broken_rule_fails(drafter_kind, monkeypatch):
+    """Chi-square goodness of fit of (token 2, token 3) against the exact distribution of plain sampling: the
+    layer-skip tree (always two sampled children at each level), and the hybrid (n-gram tries of one-hot copies when
+    the first token has earlier occurrences, else that layer-skip tree). Leaving out the residual update fails."""
+    skip_tree = SelfTreeDrafter(MODEL, make_skip_set([], [1], 2), DraftExit(2), nodes=6, depth=2, width=2,
                                 branch_below=1.0)
-    drafter = HybridDrafter(NgramTreeDrafter(model, 1, 6, 2, 3), skip_tree)
-    exact = exact_pair_distribution(model, prompt, SamplingSettings(temperature=1.0, top_k=3, max_new_tokens=3))
-    counts, trees = tree_counts(drafter, prompt, 2000, seed=0)
-    assert set(counts) <= set(exact) and trees > 1000
+    drafter, prompt, sources = {"self_tree": (skip_tree, [5, 40, 77], {"model"}),
+                                "hybrid_tree": (HybridDrafter(NgramTreeDrafter(MODEL, 2, 6, 2, 3), skip_tree),
+                                                COPY_PROMPT, {"model", "ngram"})}[drafter_kind]
+    exact = exact_pair_distribution(MODEL, prompt, SamplingSettings(temperature=1.0, top_k=3, max_new_tokens=3))
+    counts, branched = tree_counts(drafter, prompt, 2000, seed=0)
+    assert set(counts) <= set(exact) and branched == sources
     assert chi_square_pvalue(counts, exact) > 0.001
     monkeypatch.setattr(tree, "residual", lambda p, q: p)
-    broken, _ = tree_counts(drafter, prompt, 2000, seed=0)
+    broken, _ = tree_counts(drafter, prompt, 500, seed=1)
     assert chi_square_pvalue(broken, exact) < 0.001

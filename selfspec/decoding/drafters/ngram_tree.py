@@ -1,4 +1,4 @@
-"""Prompt lookup as a token tree: what followed several earlier occurrences of the context's tail, merged into a trie."""
+"""Prompt lookup as a token tree: what followed several earlier occurrences of the context's tail, in one trie."""
 
 import torch
 
