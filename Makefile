@@ -13,7 +13,7 @@ LIMIT ?= 10
 OUT ?=
 ARGS ?=
 
-.PHONY: help install run test test-fast bench search figures clean
+.PHONY: help install run test test-fast bench search figures reproduce clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -52,6 +52,12 @@ search: install  ## Optuna skip-set search, then evaluate the best set: MODEL=, 
 
 figures: install  ## Figures (PNG + PDF) from the latest records of each experiment into outputs/figures
 	$(PY) -m selfspec.figures --outputs outputs --out outputs/figures $(ARGS)
+
+SCALE ?= smoke
+
+reproduce: install  ## Every experiment behind the figures (SCALE=smoke: minutes, SCALE=paper: hours; done ones skipped), then the figures
+	$(PY) -m selfspec.reproduce --scale $(SCALE) $(ARGS)
+	$(PY) -m selfspec.figures --outputs outputs --out outputs/figures
 
 clean:  ## Remove the virtual environment
 	rm -rf $(VENV)

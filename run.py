@@ -15,11 +15,12 @@ def main(cfg) -> None:
     # imported after Hydra parsed the command line: `--help` stays fast
     from selfspec.app import run
     from selfspec.kangaroo_train import train
-    from selfspec.settings import from_config
+    from selfspec.settings import from_config, launch_settings
 
     tasks = {"evaluate": run, "kangaroo_train": train}
     try:
         settings = from_config(cfg)
+        settings.launch = launch_settings(HydraConfig.get())
         print(OmegaConf.to_yaml(cfg, resolve=True))
         tasks[settings.task](settings, Path(HydraConfig.get().runtime.output_dir))
     except SelfspecError as error:
@@ -27,5 +28,19 @@ def main(cfg) -> None:
         sys.exit(2)
 
 
+def check_run_dir(argv: list[str]) -> None:
+    """Hydra makes the run dir before main() and fails with a traceback; a given hydra.run.dir is checked first."""
+    from selfspec.run_dir import check_output_dir
+
+    for arg in argv:
+        if arg.startswith("hydra.run.dir="):
+            try:
+                check_output_dir(Path(arg.split("=", 1)[1]))
+            except SelfspecError as error:
+                print(f"selfspec: error: {error}", file=sys.stderr)
+                sys.exit(2)
+
+
 if __name__ == "__main__":
+    check_run_dir(sys.argv[1:])
     main()

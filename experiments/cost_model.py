@@ -16,29 +16,14 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
-from selfspec.cost_model import CONTEXT, measure_step_costs, timed_ms
-from selfspec.models.cache import forward, forward_hidden, new_cache
+from selfspec.cost_model import measure_draft_ms, measure_step_costs
 from selfspec.models.draft_head import make_draft_head
 from selfspec.models.loading import load_model
-from selfspec.models.skip import num_layers, skipping
+from selfspec.models.skip import num_layers
 from selfspec.models.skip_config import resolve_skip
 from selfspec.settings import from_config
 
 ACCEPTANCES = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95, 0.98)
-
-
-def measured_draft_ms(model, skip, head) -> float:
-    """d timed directly: one draft token with the skip set (and draft head), to check the additive model."""
-    cache = new_cache(model, CONTEXT + 1)
-    forward(model, cache, [5 + i % 100 for i in range(CONTEXT)], 0)
-
-    def draft_token():
-        with skipping(model, skip):
-            if head is None:
-                forward(model, cache, [5], CONTEXT, last_only=True)
-            else:
-                head.logits(forward_hidden(model, cache, [5], CONTEXT))
-    return timed_ms(draft_token)
 
 
 def main(overrides: list[str]) -> None:
@@ -56,7 +41,7 @@ def main(overrides: list[str]) -> None:
           f"mlp={list(skip.mlp)}, draft vocabulary {size or 'full'}")
     print(costs.summary())
     print(f"d = {draft:.1f} ms per draft token = {draft / verify[0]:.2f} c(1) (modelled from the sublayer costs; "
-          f"timed directly: {measured_draft_ms(loaded.model, skip, head):.1f} ms)\n")
+          f"timed directly: {measure_draft_ms(loaded.model, skip, head):.1f} ms)\n")
     print("| acceptance | best k (layer skip) | speedup (layer skip) | best k (n-gram, d = 0) | speedup (n-gram) |")
     print("|---|---|---|---|---|")
     for a in ACCEPTANCES:

@@ -1,9 +1,11 @@
-"""Every experiment on the tiny random Llama (seconds each): the small record set shipped in
-notebooks/sample_records (so notebooks run before any real experiment), and the runs the tests plot.
+"""The small record set shipped in notebooks/sample_records (what `make figures` and the notebooks draw before
+any experiment ran here): `make reproduce SCALE=smoke`'s runs on SmolLM2, slimmed; and the tiny-Llama runs of
+every experiment that the tests plot (seconds each).
 
-    python experiments/sample_records.py [--out notebooks/sample_records] [--jobs 2]
+    python experiments/sample_records.py [--outputs outputs] [--out notebooks/sample_records]
 
-Records are slimmed for shipping (see `_slim_record`); the figures do not read what is dropped.
+runs what `make reproduce SCALE=smoke` has not yet done under --outputs, then slims its runs into --out. Records
+are slimmed for shipping (see `_slim_record`); the figures do not read what is dropped.
 """
 
 import argparse
@@ -12,7 +14,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from dataclasses import fields
 from datetime import datetime
 from pathlib import Path
@@ -21,6 +22,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from selfspec.records import RecordedStep, read_jsonl
+from selfspec.reproduce import plan, reproduce
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"model": "tiny_llama", "logger": "none", "data.limit": 2, "sampling.max_new_tokens": 16}
@@ -32,14 +34,6 @@ TEST_RUNS = {
     "search_history": (False, {"search.n_trials": 6, "search.data.limit": 2, "search.max_new_tokens": 8}),
     "strategies": (False, {}),
     "sampling": (True, {}),
-}
-SAMPLE_RUNS = {
-    "threshold_sweep": (True, {"draft.threshold": "0.0,0.2,0.4,0.6,0.8,1.0"}),
-    "adaptive_trace": (False, {"data.limit": 6, "sampling.max_new_tokens": 48}),
-    "skip_ratio": (True, {}),
-    "search_history": (False, {"search.n_trials": 24, "search.data.limit": 2, "search.max_new_tokens": 8}),
-    "strategies": (False, {"data.limit": 3}),
-    "sampling": (True, {"data.limit": 3}),
 }
 KEPT_FILES = ("records.jsonl", ".hydra/config.yaml", "trials.jsonl", "best_skip.yaml")
 STEP_FIELDS = tuple(f.name for f in fields(RecordedStep))  # what the figures read of a verification step
@@ -74,9 +68,10 @@ def run_experiments(outputs: Path, runs: dict = TEST_RUNS, jobs: int = 2, timeou
             raise RuntimeError(f"{' '.join(argv[1:])} failed ({process.returncode}):\n{stderr[-3000:]}")
 
 
-def slim(outputs: Path, dest: Path) -> None:
-    """Copy the figure inputs of outputs/experiments into dest/experiments, records without outputs."""
-    for source in sorted((Path(outputs) / "experiments").rglob("*")):
+def slim(outputs: Path, dest: Path, folders: list[Path] | None = None) -> None:
+    """Copy the figure inputs of `folders` (default: all of outputs/experiments) into dest/experiments, records
+    without outputs."""
+    for source in sorted(p for folder in (folders or [Path(outputs) / "experiments"]) for p in Path(folder).rglob("*")):
         relative = source.relative_to(outputs)
         if not source.is_file() or not any(str(relative).endswith(name) for name in KEPT_FILES):
             continue
@@ -108,13 +103,12 @@ def _round(value):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--outputs", type=Path, default=ROOT / "outputs")
     parser.add_argument("--out", type=Path, default=ROOT / "notebooks" / "sample_records")
-    parser.add_argument("--jobs", type=int, default=2)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as outputs:
-        run_experiments(Path(outputs), SAMPLE_RUNS, args.jobs)
-        shutil.rmtree(args.out / "experiments", ignore_errors=True)
-        slim(Path(outputs), args.out)
+    folders = reproduce("smoke", args.outputs, plan("smoke"))
+    shutil.rmtree(args.out / "experiments", ignore_errors=True)
+    slim(args.outputs, args.out, folders)
     size = sum(p.stat().st_size for p in args.out.rglob("*") if p.is_file())
     print(f"sample records in {args.out}: {size / 1024:.0f} KB")
 

@@ -19,7 +19,7 @@
 # acceptance rate over every verification step, then how many draft tokens each step accepted.
 #
 # Records: `python run.py experiment=adaptive_trace` (all figures: `make figures`). Without them this notebook
-# reads the tiny-model sample in `notebooks/sample_records/`.
+# reads the shipped sample (SmolLM2 smoke runs) in `notebooks/sample_records/`.
 
 # %% tags=["parameters"]
 RECORDS = None  # a run folder; None: the latest outputs/experiments/adaptive_trace/*, else the sample

@@ -19,7 +19,7 @@
 # for each sampling setting of the sweep.
 #
 # Records: `python run.py -m experiment=sampling` (all figures: `make figures`). Without them this notebook
-# reads the tiny-model sample in `notebooks/sample_records/`.
+# reads the shipped sample (SmolLM2 smoke runs) in `notebooks/sample_records/`.
 
 # %% tags=["parameters"]
 RECORDS = None  # a sweep folder; None: the latest outputs/experiments/sampling/*, else the sample

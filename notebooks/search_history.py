@@ -19,7 +19,7 @@
 # the Pareto front), and the best skip mask, which the run then evaluates against plain decoding.
 #
 # Records: `python run.py experiment=search_history` (all figures: `make figures`). Without them this notebook
-# reads the tiny-model sample in `notebooks/sample_records/`.
+# reads the shipped sample (SmolLM2 smoke runs) in `notebooks/sample_records/`.
 
 # %% tags=["parameters"]
 RECORDS = None  # a search run folder; None: the latest outputs/experiments/search_history/*, else the sample

@@ -18,7 +18,7 @@
 # makes each draft step cheaper and each draft token less likely to be accepted.
 #
 # Records: `python run.py -m experiment=skip_ratio` (all figures: `make figures`). Without them this notebook
-# reads the tiny-model sample in `notebooks/sample_records/`.
+# reads the shipped sample (SmolLM2 smoke runs) in `notebooks/sample_records/`.
 
 # %% tags=["parameters"]
 RECORDS = None  # a sweep folder; None: the latest outputs/experiments/skip_ratio/*, else the sample

@@ -18,7 +18,7 @@
 # benchmark table, the speedup per prompt category (a dot per prompt), and accepted draft tokens per step.
 #
 # Records: `python run.py experiment=strategies` (all figures: `make figures`). Without them this notebook
-# reads the tiny-model sample in `notebooks/sample_records/`.
+# reads the shipped sample (SmolLM2 smoke runs) in `notebooks/sample_records/`.
 
 # %% tags=["parameters"]
 RECORDS = None  # a run folder; None: the latest outputs/experiments/strategies/*, else the sample

@@ -18,7 +18,7 @@
 # 0.0..1.0 and for Draft & Verify's adaptive threshold started at the same values.
 #
 # Records: `python run.py -m experiment=threshold_sweep` (all figures: `make figures`). Without them this
-# notebook reads the tiny-model sample in `notebooks/sample_records/`.
+# notebook reads the shipped sample (SmolLM2 smoke runs) in `notebooks/sample_records/`.
 
 # %% tags=["parameters"]
 RECORDS = None  # a sweep folder; None: the latest outputs/experiments/threshold_sweep/*, else the sample

@@ -1,11 +1,13 @@
 """The main job behind run.py: load the model and prompts, decode with every strategy, write the records."""
 
 import dataclasses
-import json
+import sys
 from pathlib import Path
 
 import torch
 
+from selfspec.conversation import check_multi_turn
+from selfspec.cost_model import CostMeter
 from selfspec.data import encode_prompt, load_prompt_set
 from selfspec.decoding.strategies import make_strategy
 from selfspec.evaluate import evaluate
@@ -13,16 +15,30 @@ from selfspec.models.draft_head import DraftHead, make_draft_head
 from selfspec.models.loading import LoadedModel, load_model
 from selfspec.models.skip import SkipSet, num_layers
 from selfspec.models.skip_config import resolve_skip
-from selfspec.records import markdown_table
+from selfspec.records import WrittenRecord, read_records
+from selfspec.run_dir import RECORDS_FILE, open_run_dir
 from selfspec.settings import RunSettings, named
+from selfspec.spec_bench import write_answers
+from selfspec.summarize import summary_title, write_summary
 from selfspec.wandb_logger import make_logger
 
 
 def run(settings: RunSettings, out_dir: Path) -> dict:
     torch.manual_seed(settings.seed)
+    launch = settings.launch
+    if launch.parallel:
+        print(f"selfspec: warning: job {launch.job_num} of a sweep started by {launch.launcher}, whose jobs run at the "
+              f"same time: they share the cores, so tokens/s and speedups are not comparable across jobs "
+              f"(summary.json: parallel_launcher)", file=sys.stderr)
     sampling = settings.sampling
+    stored = dataclasses.asdict(settings)
+    resumed = open_run_dir(out_dir, stored, settings.resume)  # first: a bad run dir ends before any loading
+    earlier = read_records(out_dir / RECORDS_FILE, WrittenRecord) if resumed else []
     prompts = load_prompt_set(settings.data)
     loaded = load_model(settings.model)
+    all_turns = settings.data.turns == "all"
+    if all_turns:
+        check_multi_turn(loaded.tokenizer, prompts, loaded.name)
     draft_model = load_model(settings.draft_model).model if settings.draft_model else None
     prompt_ids = [encode_prompt(loaded.tokenizer, p) for p in prompts]
     layers = num_layers(loaded.model)
@@ -38,21 +54,26 @@ def run(settings: RunSettings, out_dir: Path) -> dict:
     print(f"skip set ({skip.fraction(layers):.0%} of {2 * layers} sublayers): attn={list(skip.attn)} mlp={list(skip.mlp)}")
     heads = DraftHeads(loaded)
     searched = searched_draft(settings, layers, heads) if "self_spec_searched" in settings.strategies else None
+    costs = CostMeter(loaded.model, max(settings.draft.max_tokens, settings.draft.ngram_tokens) + 1)
     strategies = [make_strategy(name, loaded.model, sampling, loaded.tokenizer.eos_token_id, skip, settings.draft,
-                                draft_model, heads(vocab_size), settings.hf, settings.kangaroo, searched)
+                                draft_model, heads(vocab_size), settings.hf, settings.kangaroo, searched, costs)
                   for name in settings.strategies]
-    logger = make_logger(settings.logger, dataclasses.asdict(settings), out_dir)
+    logger = make_logger(settings.logger, stored, out_dir, group=launch.sweep_dir)
     try:
         summary = evaluate(strategies, prompts, prompt_ids, loaded.tokenizer, out_dir, settings.seed, settings.repeats,
-                           settings.warmup, logger)
+                           settings.warmup, logger, all_turns, earlier)
+        if launch.parallel:  # timings measured while other jobs ran
+            for row in summary.values():
+                row["parallel_launcher"] = launch.launcher
         if logger is not None:
             logger.log_summary(summary)
     finally:
         if logger is not None:
             logger.finish()
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    table = markdown_table(summary)
-    (out_dir / "summary.md").write_text(f"{loaded.name}, {len(prompts)} prompts, {sampling}\n\n{table}\n")
+    table = write_summary(out_dir, summary, summary_title(loaded.name, len(prompts), stored))
+    if settings.spec_bench_answers:
+        paths = write_answers(out_dir, read_records(out_dir / RECORDS_FILE), loaded.tokenizer, loaded.name)
+        print(f"Spec-Bench answers: {', '.join(str(p) for p in paths)}")
     print(f"\n{loaded.name}: {len(prompts)} prompts, max_new_tokens={sampling.max_new_tokens}, "
           f"{'greedy' if sampling.greedy else 'sampling'}\n{table}\n\nrecords: {out_dir}")
     return summary

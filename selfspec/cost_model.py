@@ -12,7 +12,6 @@ With per-token acceptance a instead of a trace, a step of k drafts emits E = (1 
 """
 
 import statistics
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -20,7 +19,8 @@ import torch
 from selfspec.models.cache import forward, forward_hidden, new_cache
 from selfspec.models.draft_head import DraftHead
 from selfspec.models.output_layer import model_logits
-from selfspec.models.skip import SkipSet, decoder_layers
+from selfspec.models.skip import SkipSet, decoder_layers, skipping
+from selfspec.timing import clock
 
 CONTEXT, REPEATS = 200, 15
 
@@ -52,10 +52,8 @@ class StepCosts:
         return plain, sum(self.step_ms(drafted, draft_ms) for drafted, _ in steps)
 
     def speedup_at_acceptance(self, acceptance: float, drafted: int, draft_ms: float) -> float:
-        """Speedup of steps that draft `drafted` tokens, each accepted with probability `acceptance`: a step
-        emits E = (1 - a^(k+1)) / (1 - a) tokens for k d + c(k + 1) where plain decoding takes E c(1)."""
-        emitted = sum(acceptance ** i for i in range(drafted + 1))
-        return emitted * self.verify_ms[0] / self.step_ms(drafted, draft_ms)
+        """Speedup of steps that draft `drafted` tokens, each accepted with probability `acceptance`."""
+        return DraftCosts(tuple(self.verify_ms), draft_ms).speedup(expected_emitted(acceptance, drafted), drafted)
 
     def break_even(self, target: float, draft_ms: float) -> float | None:
         """The lowest acceptance (0.01 steps) at which some draft length 1..len(verify_ms) - 1 reaches `target`
@@ -73,33 +71,99 @@ class StepCosts:
                 f"output layer {self.output_ms:.1f}{heads}")
 
 
+def expected_emitted(acceptance: float, drafted: int) -> float:
+    """E = 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a): the tokens a step of k drafts emits when each draft token
+    is accepted with probability a (given the ones before it)."""
+    return sum(acceptance ** i for i in range(drafted + 1))
+
+
+@dataclass(frozen=True)
+class DraftCosts:
+    """What a step costs one drafter on this machine, in milliseconds: c(q) and d."""
+    verify_ms: tuple[float, ...]  # [q - 1]: c(q), q = 1..len
+    draft_ms: float  # d: one draft token (0 for copies from the context)
+
+    def step_ms(self, drafted: int) -> float:
+        return drafted * self.draft_ms + self.verify_ms[drafted]
+
+    def speedup(self, emitted: float, drafted: int) -> float:
+        """A step that drafts `drafted` tokens and emits `emitted` on average, over plain decoding (c(1) a token)."""
+        return emitted * self.verify_ms[0] / self.step_ms(drafted)
+
+
+class CostMeter:
+    """c(q) and the draft-token costs of one model on this machine, each measured on first use (seconds) and kept,
+    so the strategies of a run share one measurement."""
+
+    def __init__(self, model, max_q: int, repeats: int = 7):
+        self.model, self.max_q, self.repeats = model, max_q, repeats
+        self.verify_ms: tuple[float, ...] | None = None
+        self.draft_ms: dict[tuple, float] = {}
+
+    def costs(self, skip: SkipSet | None, head: DraftHead | None = None) -> DraftCosts:
+        """The costs of drafting with `skip` (and `head`); skip None: copies, which cost nothing to draft."""
+        if self.verify_ms is None:
+            self.verify_ms = tuple(measure_verify_ms(self.model, self.max_q, self.repeats))
+        if skip is None:
+            return DraftCosts(self.verify_ms, 0.0)
+        key = (skip, id(head))
+        if key not in self.draft_ms:
+            self.draft_ms[key] = measure_draft_ms(self.model, skip, head, self.repeats)
+        return DraftCosts(self.verify_ms, self.draft_ms[key])
+
+
 def expected_speedup(mean_accepted_tokens: float, drafted_per_step: float, skipped_fraction: float) -> float:
     """Tokens per cycle over the cycle's cost in full forwards: each draft forward costs (1 - skipped_fraction),
     the verification one. A proxy; memory-bound GPUs verify k tokens at about the cost of one."""
     return mean_accepted_tokens / (1 + drafted_per_step * (1 - skipped_fraction))
 
 
-def timed_ms(step, repeats: int = REPEATS) -> float:
-    """Median milliseconds of `step()` after one untimed call."""
+def timed_ms(step, device: torch.device | str = "cpu", repeats: int = REPEATS) -> float:
+    """Median milliseconds of `step()` (running on `device`) after one untimed call."""
     step()
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock(device)
         step()
-        times.append(time.perf_counter() - start)
+        times.append(clock(device) - start)
     return 1000 * statistics.median(times)
+
+
+def _context_cache(model, max_q: int):
+    cache = new_cache(model, CONTEXT + max_q)
+    forward(model, cache, [5 + i % 100 for i in range(CONTEXT)], 0)
+    return cache
+
+
+def measure_verify_ms(model, max_q: int, repeats: int = REPEATS, cache=None) -> list[float]:
+    """c(1..max_q): median milliseconds of a q-token forward of the full model after a CONTEXT-token context."""
+    cache = cache or _context_cache(model, max_q)
+    return [timed_ms(lambda: forward(model, cache, [5] * q, CONTEXT), model.device, repeats)
+            for q in range(1, max_q + 1)]
+
+
+def measure_draft_ms(model, skip: SkipSet, head: DraftHead | None = None, repeats: int = REPEATS) -> float:
+    """d timed directly: one draft token with the skip set (and draft head) after a CONTEXT-token context."""
+    cache = _context_cache(model, 1)
+
+    def draft_token():
+        with skipping(model, skip):
+            if head is None:
+                forward(model, cache, [5], CONTEXT, last_only=True)
+            else:
+                head.logits(forward_hidden(model, cache, [5], CONTEXT))
+    return timed_ms(draft_token, model.device, repeats)
 
 
 def measure_step_costs(model, max_q: int, heads: dict[int, DraftHead] | None = None) -> StepCosts:
     """c(1..max_q), per-sublayer and output-layer costs of `model` at a CONTEXT-token context."""
-    cache = new_cache(model, CONTEXT + max_q)
-    forward(model, cache, [5 + i % 100 for i in range(CONTEXT)], 0)
-    verify = [timed_ms(lambda: forward(model, cache, [5] * q, CONTEXT)) for q in range(1, max_q + 1)]
+    cache = _context_cache(model, max_q)
+    verify = measure_verify_ms(model, max_q, cache=cache)
     attn, mlp = sublayer_ms(model, lambda: forward(model, cache, [5], CONTEXT))
     hidden = forward_hidden(model, cache, [5], CONTEXT)  # (hidden,)
     with torch.inference_mode():
-        output = timed_ms(lambda: model_logits(model, hidden[None]))
-        head_ms = {n: timed_ms(lambda: head.logits(hidden)) for n, head in (heads or {}).items()}
+        output = timed_ms(lambda: model_logits(model, hidden[None]), model.device)
+        head_ms = {n: timed_ms(lambda: head.logits(hidden), model.device) for n, head in (heads or {}).items()}
     return StepCosts(verify, attn, mlp, output, head_ms)
 
 
@@ -112,9 +176,9 @@ def sublayer_ms(model, step) -> tuple[list[float], list[float]]:
     handles = []
     for kind, i, module in modules:
         handles.append(module.register_forward_pre_hook(
-            lambda m, args, key=(kind, i): started.__setitem__(key, time.perf_counter())))
+            lambda m, args, key=(kind, i): started.__setitem__(key, clock(model.device))))
         handles.append(module.register_forward_hook(
-            lambda m, args, out, key=(kind, i): times[key].append(time.perf_counter() - started[key])))
+            lambda m, args, out, key=(kind, i): times[key].append(clock(model.device) - started[key])))
     try:
         for _ in range(REPEATS + 1):
             step()

@@ -11,48 +11,82 @@ from typing import TypeVar
 import torch
 from tqdm import tqdm
 
+from selfspec.conversation import encode_turn
 from selfspec.data import Prompt
+from selfspec.decoding.drafters import HybridDrafter
 from selfspec.decoding.strategies import Strategy
-from selfspec.records import PromptRecord, append_record, read_records, summarize
+from selfspec.records import PromptRecord, append_record, first_difference, read_records, summarize
 
 T = TypeVar("T")
 
 
 def evaluate(strategies: list[Strategy], prompts: list[Prompt], prompt_ids: list[list[int]], tokenizer,
-             out_dir: Path, seed: int = 0, repeats: int = 1, warmup: bool = True, logger=None) -> dict:
-    """Run every strategy on every prompt (strategies interleaved per prompt, `repeats` timed runs each,
-    median time kept), append records to out_dir/records.jsonl as prompts finish, return the summary."""
+             out_dir: Path, seed: int = 0, repeats: int = 1, warmup: bool = True, logger=None,
+             all_turns: bool = False, earlier: list[PromptRecord] | None = None) -> dict:
+    """Run every strategy on every prompt (strategies interleaved per prompt and turn, `repeats` timed runs each,
+    median time kept), append records to out_dir/records.jsonl as they finish, return the summary.
+
+    prompt_ids: each prompt's first turn, encoded. all_turns: also decode every later turn, each strategy after its
+    own earlier answers (data.turns=all). earlier: the records already in records.jsonl (resume=true): their
+    (prompt, turn, strategy) is not decoded again, and their steps are replayed into the draft-exit policies."""
     records_path = out_dir / "records.jsonl"
-    if records_path.exists():  # a rerun into the same directory keeps the earlier records beside the new ones
-        records_path.rename(out_dir / f"records-{int(records_path.stat().st_mtime)}.jsonl")
+    done = {(r.question_id, r.turn, r.strategy): r for r in earlier or []}
     if warmup:
         _warm_up(strategies, prompt_ids[0], seed)
+    _replay_steps(strategies, earlier or [])
     for index, (prompt, ids) in enumerate(tqdm(list(zip(prompts, prompt_ids)), desc="prompts", unit="prompt")):
-        plain = None
-        for strategy in strategies:
-            measured = [measure_peak_memory(lambda: strategy.generate(ids, _generator(strategy, seed + index)),
-                                            strategy.model.device) for _ in range(repeats)]
-            runs = [result for result, _ in measured]
-            peaks = [mb for _, mb in measured if mb is not None]
-            result = sorted(runs, key=lambda r: r.elapsed_s)[len(runs) // 2]
-            result.elapsed_s = statistics.median(r.elapsed_s for r in runs)
-            if strategy.name == "plain":
-                plain = result
-            record = PromptRecord(
-                strategy=strategy.name, question_id=prompt.question_id, category=prompt.category,
-                prompt_tokens=len(ids), new_tokens=len(result.new_tokens), elapsed_s=result.elapsed_s,
-                tokens_per_s=result.tokens_per_s, drafted=result.drafted, accepted=result.accepted,
-                verify_steps=len(result.steps), emitted=sum(s.emitted for s in result.steps),
-                acceptance_rate=result.acceptance_rate, mean_accepted_tokens=result.mean_accepted_tokens,
-                speedup=result.tokens_per_s / plain.tokens_per_s if plain else None,
-                matches_plain=result.new_tokens == plain.new_tokens if plain else None,
-                gated_steps=result.gated_steps, peak_mem_mb=max(peaks) if peaks else None,
-                output_ids=result.new_tokens, output_text=tokenizer.decode(result.new_tokens),
-                steps=result.steps)
-            append_record(records_path, record)
-            if logger is not None:
-                logger.log_prompt(index, record)
+        answers = {strategy.name: [] for strategy in strategies}  # each strategy's outputs for the earlier turns
+        for turn in range(len(prompt.turns) if all_turns else 1):
+            plain = None
+            for strategy in strategies:
+                record = done.get((prompt.question_id, turn, strategy.name))
+                if record is None:
+                    turn_ids = ids if turn == 0 else encode_turn(tokenizer, prompt, turn, answers[strategy.name])
+                    record = _decode(strategy, prompt, turn, turn_ids, plain, tokenizer, seed + index, repeats)
+                    append_record(records_path, record)
+                    if logger is not None:
+                        logger.log_prompt(index, record)
+                plain = record if strategy.name == "plain" else plain
+                answers[strategy.name].append(record.output_ids)
     return summarize(read_records(records_path))
+
+
+def _decode(strategy: Strategy, prompt: Prompt, turn: int, ids: list[int], plain: PromptRecord | None, tokenizer,
+            seed: int, repeats: int) -> PromptRecord:
+    """The record of `strategy` on one turn, compared with plain decoding's record of the same turn."""
+    measured = [measure_peak_memory(lambda: strategy.generate(ids, _generator(strategy, seed)), strategy.model.device)
+                for _ in range(repeats)]
+    runs = [result for result, _ in measured]
+    peaks = [mb for _, mb in measured if mb is not None]
+    result = sorted(runs, key=lambda r: r.elapsed_s)[len(runs) // 2]
+    result.elapsed_s = statistics.median(r.elapsed_s for r in runs)
+    if strategy.name == "plain":
+        reference_ids, reference_tps = result.new_tokens, result.tokens_per_s
+    else:
+        reference_ids, reference_tps = (plain.output_ids, plain.tokens_per_s) if plain else (None, None)
+    return PromptRecord(
+        strategy=strategy.name, question_id=prompt.question_id, category=prompt.category, turn=turn,
+        prompt_tokens=len(ids), new_tokens=len(result.new_tokens), elapsed_s=result.elapsed_s,
+        tokens_per_s=result.tokens_per_s, drafted=result.drafted, accepted=result.accepted,
+        verify_steps=len(result.steps), emitted=sum(s.emitted for s in result.steps),
+        acceptance_rate=result.acceptance_rate, mean_accepted_tokens=result.mean_accepted_tokens,
+        speedup=result.tokens_per_s / reference_tps if reference_tps else None,
+        matches_plain=result.new_tokens == reference_ids if reference_ids is not None else None,
+        first_difference=first_difference(result.new_tokens, reference_ids) if reference_ids is not None else None,
+        gated_steps=result.gated_steps, peak_mem_mb=max(peaks) if peaks else None,
+        output_ids=result.new_tokens, output_text=tokenizer.decode(result.new_tokens), steps=result.steps)
+
+
+def _replay_steps(strategies: list[Strategy], earlier: list[PromptRecord]) -> None:
+    """Feed the recorded verifications to each drafter, in order: the adaptive draft exit carries its state from
+    prompt to prompt, so a resumed run drafts on as the uninterrupted run would have."""
+    for strategy in strategies:
+        drafter = getattr(strategy, "drafter", None)  # None: plain decoding and the HF baselines
+        for record in (r for r in earlier if r.strategy == strategy.name and drafter is not None):
+            for step in (s for s in record.steps if s.drafted):
+                if isinstance(drafter, HybridDrafter):
+                    drafter.last_source = step.source  # routes the update as the live step did
+                drafter.update(step.drafted, step.accepted)
 
 
 def _generator(strategy: Strategy, seed: int) -> torch.Generator:

@@ -2,7 +2,7 @@
 [--out outputs/figures] [--wandb]` (make figures).
 
 The latest run or sweep folder of each experiment (selfspec.runs) becomes PNG and PDF figures in `--out`;
-experiments without records are skipped with a note. Notebooks call the same loaders and plot functions.
+an experiment without records is drawn from the shipped sample records, labelled so in every title. Notebooks call the same loaders and plot functions.
 """
 
 import argparse
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from selfspec import plots
 from selfspec.errors import SelfspecError
-from selfspec.runs import latest, load_runs, load_search
+from selfspec.runs import SAMPLE_RECORDS, latest, load_runs, load_search
 from selfspec.settings import LoggerSettings
 from selfspec.wandb_logger import start_run
 
@@ -62,6 +62,7 @@ def sampling_figures(path: str | Path) -> dict:
     return {"sampling": plots.plot_sampling(runs, model=runs[0].model, date=runs[0].date)}
 
 
+SWEEPS = ("threshold_sweep", "skip_ratio", "sampling")  # experiments run with -m
 FIGURE_GROUPS = {
     "threshold_sweep": threshold_sweep_figures,
     "adaptive_trace": adaptive_trace_figures,
@@ -82,18 +83,22 @@ def save_figure(fig, out: str | Path, name: str) -> list[Path]:
     return paths
 
 
-def make_figures(outputs: str | Path = "outputs", out: str | Path | None = None, log=print) -> dict:
-    """Every figure of every experiment with records under `outputs`, as PNG and PDF in `out` (default
-    outputs/figures); logs one line per figure (or per skipped experiment). Returns {name: Figure}."""
+def make_figures(outputs: str | Path = "outputs", out: str | Path | None = None, log=print,
+                 samples: Path | None = SAMPLE_RECORDS) -> dict:
+    """Every figure of every experiment, as PNG and PDF in `out` (default outputs/figures): from the latest records
+    under `outputs`, else from `samples` (the shipped sample records, "sample records" in every title; None: skip
+    the experiment); logs one line per figure (or per skipped experiment). Returns {name: Figure}."""
     out = Path(out) if out is not None else Path(outputs) / "figures"
     made = {}
     for experiment, make in FIGURE_GROUPS.items():
         path = latest(outputs, experiment)
         if path is None:
-            log(f"{experiment}: skipped, no records under {Path(outputs) / 'experiments' / experiment} "
-                f"(python run.py{' -m' if experiment in ('threshold_sweep', 'skip_ratio', 'sampling') else ''} "
-                f"experiment={experiment})")
-            continue
+            path = latest(samples, experiment) if samples is not None else None
+            log(f"{experiment}: no records under {Path(outputs) / 'experiments' / experiment}, "
+                f"{'drawing the shipped sample records' if path else 'skipped'} (yours: python run.py"
+                f"{' -m' if experiment in SWEEPS else ''} experiment={experiment}, or make reproduce)")
+            if path is None:
+                continue
         try:
             figures = make(path)
         except SelfspecError as err:
@@ -131,9 +136,7 @@ def main(argv: list[str] | None = None) -> None:
 
     matplotlib.use("Agg")
     figures = make_figures(args.outputs, args.out)
-    if not figures:
-        print(f"no figures: no experiment records under {Path(args.outputs) / 'experiments'}")
-    elif args.wandb:
+    if figures and args.wandb:
         run = start_run(LoggerSettings(kind="wandb", mode="offline"), Path(args.outputs), None, job_type="figures")
         try:
             log_figures(run, figures)

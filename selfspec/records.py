@@ -5,11 +5,13 @@ import json
 import statistics
 import types
 import typing
+import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from selfspec.decoding.results import RecordedStep
+from selfspec.decoding.results import RecordedStep, StepRecord
 from selfspec.errors import SelfspecError
+from selfspec.run_dir import append_line, is_torn
 
 T = typing.TypeVar("T")
 
@@ -31,6 +33,8 @@ class PromptRecord:
     mean_accepted_tokens: float | None
     speedup: float | None  # tokens/s over plain decoding of the same prompt in this run
     matches_plain: bool | None
+    first_difference: int | None = None  # index of the first output token that differs from plain's; None: equal
+    turn: int = 0  # which turn of the prompt (data.turns=all records every turn; 0: the first)
     gated_steps: int = 0  # verifications that did not draft because of draft.target_gate
     peak_mem_mb: float | None = None  # peak memory growth during generate, MiB, max over repeats (CPU: peak RSS)
     output_ids: list[int] = field(default_factory=list)
@@ -38,17 +42,37 @@ class PromptRecord:
     steps: list[RecordedStep] = field(default_factory=list)  # one per verification (written: every StepRecord field)
 
 
+@dataclass
+class WrittenRecord(PromptRecord):
+    """A record as evaluate() writes it, read back whole: its steps keep every StepRecord field (draft source,
+    timings), as a resumed run needs them."""
+    steps: list[StepRecord] = field(default_factory=list)
+
+
 def append_record(path: Path, record: PromptRecord) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(asdict(record)) + "\n")
+    """One whole line (run_dir.append_line): a kill never leaves part of a record."""
+    append_line(path, json.dumps(asdict(record)))
+
+
+def first_difference(output: list[int], reference: list[int]) -> int | None:
+    """Index of the first token where `output` and `reference` differ (one ending early counts); None if equal."""
+    if output == reference:
+        return None
+    return next((i for i, (a, b) in enumerate(zip(output, reference)) if a != b), min(len(output), len(reference)))
 
 
 def read_jsonl(path: str | Path, row_type: type[T] = dict) -> list[T]:
     """The rows of a JSON-lines file, blank lines skipped, each a `row_type` (a dataclass, or dict as written). A
     line that is not JSON, misses a field or has one of the wrong type raises one SelfspecError naming file:line
-    and the field; keys the dataclass lacks are ignored (records carry more than the figures read)."""
+    and the field; keys the dataclass lacks are ignored (records carry more than the figures read). A torn last
+    line (no newline and not JSON: a crash mid-write) is skipped with a warning."""
     rows = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+    text = Path(path).read_text()
+    lines = text.splitlines()
+    if is_torn(text):
+        warnings.warn(f"{path}:{len(lines)}: skipped a torn last line (an interrupted write)")
+        lines.pop()
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
@@ -59,9 +83,9 @@ def read_jsonl(path: str | Path, row_type: type[T] = dict) -> list[T]:
     return rows
 
 
-def read_records(path: str | Path) -> list[PromptRecord]:
-    """The records of a records.jsonl, typed."""
-    return read_jsonl(path, PromptRecord)
+def read_records(path: str | Path, row_type: type[PromptRecord] = PromptRecord) -> list[PromptRecord]:
+    """The records of a records.jsonl, typed (WrittenRecord: with every step field)."""
+    return read_jsonl(path, row_type)
 
 
 def _typed_row(row_type: type[T], row, where: str) -> T:
@@ -106,7 +130,9 @@ def _typed_value(kind, value, where: str):
 
 def summarize(records: list[PromptRecord]) -> dict:
     """Per strategy (keys of summary.json): tokens_per_s, speedup, acceptance_rate, mean_accepted_tokens,
-    outputs_match_plain, n_prompts, new_tokens; plus the same per prompt category under `by_category`."""
+    outputs_match_plain (fraction of records equal to plain's output), median_first_difference (over the records
+    that differ: where they part), n_prompts, n_turns (records), new_tokens; plus the same per prompt category under
+    `by_category`."""
     summary = {}
     for name in dict.fromkeys(r.strategy for r in records):
         mine = [r for r in records if r.strategy == name]
@@ -124,13 +150,16 @@ def _aggregate(mine: list[PromptRecord], plain: list[PromptRecord]) -> dict:
     plain_tps = sum(r.new_tokens for r in plain) / sum(r.elapsed_s for r in plain) if plain else None
     drafted = sum(r.drafted for r in mine)
     matches = [r.matches_plain for r in mine if r.matches_plain is not None]
+    parted = [r.first_difference for r in mine if r.first_difference is not None]
     return {
         "tokens_per_s": tokens_per_s,
         "speedup": tokens_per_s / plain_tps if plain_tps else None,
         "acceptance_rate": sum(r.accepted for r in mine) / drafted if drafted else None,
         "mean_accepted_tokens": sum(r.emitted for r in mine) / max(1, sum(r.verify_steps for r in mine)),
         "outputs_match_plain": sum(matches) / len(matches) if matches else None,
-        "n_prompts": len(mine),
+        "median_first_difference": statistics.median(parted) if parted else None,
+        "n_prompts": len({r.question_id for r in mine}),
+        "n_turns": len(mine),
         "new_tokens": tokens,
         "peak_mem_mb": max((r.peak_mem_mb for r in mine if r.peak_mem_mb is not None), default=None),
         "median_prompt_speedup": statistics.median(s) if (s := [r.speedup for r in mine
@@ -145,6 +174,22 @@ def markdown_table(summary: dict) -> str:
     for name, row in summary.items():
         lines.append(f"| {name} | " + " | ".join(_fmt(row.get(c)) for c in columns) + " |")
     return "\n".join(lines)
+
+
+def verdict(summary: dict) -> str:
+    """One sentence under the table: which strategy was fastest and, for each strategy slower than plain decoding,
+    why, in measured terms: tokens per verification step against the time of a step in plain steps."""
+    timed = {name: row for name, row in summary.items() if name != "plain" and row.get("speedup")}
+    if not timed:
+        return ""
+    best = max(timed, key=lambda name: timed[name]["speedup"])
+    parts = [f"{best} was fastest at {timed[best]['speedup']:.2f}x plain decoding"]
+    for name, row in timed.items():
+        tokens = row["mean_accepted_tokens"]
+        if row["speedup"] < 1 and tokens:
+            parts.append(f"{name} ran {row['speedup']:.2f}x: its steps emitted {tokens:.2f} tokens each but took "
+                         f"{tokens / row['speedup']:.2f} plain steps' time (drafting cost more than it saved)")
+    return "; ".join(parts) + "."
 
 
 def _fmt(value) -> str:

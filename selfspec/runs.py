@@ -76,7 +76,12 @@ class Search:
 
 def records_date(path: Path) -> str:
     """The date (and time) in the folder name Hydra gave the run or sweep (`YYYY-MM-DD_HH-MM-SS`), else the
-    modification time of its newest file."""
+    modification time of its newest file; "(sample records)" follows for the shipped sample, so titles say so."""
+    date = _folder_date(path)
+    return f"{date} (sample records)" if Path(path).resolve().is_relative_to(SAMPLE_RECORDS) else date
+
+
+def _folder_date(path: Path) -> str:
     for part in reversed(Path(path).parts):
         if match := _DATE.search(part):
             return match.group(1) + (f" {match.group(2)}:{match.group(3)}" if match.group(2) else "")

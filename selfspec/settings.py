@@ -21,12 +21,13 @@ from selfspec.errors import SelfspecError
 MODEL_SOURCES = ("smollm2", "gemma3_270m", "hub", "tiny")
 TINY_FAMILIES = ("llama", "gemma2")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
-POLICIES = ("fixed", "threshold", "adaptive")
+POLICIES = ("fixed", "threshold", "adaptive", "cost")
 OBJECTIVES = ("tokens_per_s", "acceptance", "pareto", "cost_model")
 SAMPLERS = ("tpe", "gp", "random")
 LOGGERS = ("wandb", "none")
 WANDB_MODES = ("offline", "online", "disabled")
 TASKS = ("evaluate", "kangaroo_train")
+TURNS = ("first", "all")
 T = TypeVar("T")
 
 
@@ -88,7 +89,7 @@ class ModelSettings:
 
 @dataclass(kw_only=True)
 class DraftSettings:
-    """The `draft` group: the draft-exit policy (fixed | threshold | adaptive) and the drafters' own options."""
+    """The `draft` group: the draft-exit policy (fixed | threshold | adaptive | cost) and the drafters' own options."""
     policy: str
     max_tokens: int
     threshold: Optional[float] = None  # threshold, adaptive (its start); None: draft_exit.default_threshold
@@ -100,6 +101,7 @@ class DraftSettings:
     ngram_size: int
     ngram_tokens: int
     target_gate: Optional[float] = None
+    hybrid_policy: Optional[str] = "cost"  # self_spec_hybrid's policy (copies and model drafts); None: `policy`
     tree_nodes: int  # token-tree strategies (`*_tree`): most nodes per tree, longest branch, most children per node,
     tree_depth: int
     tree_width: int
@@ -107,6 +109,8 @@ class DraftSettings:
 
     def __post_init__(self):
         one_of("policy", self.policy, POLICIES)
+        if self.hybrid_policy is not None:
+            one_of("hybrid_policy", self.hybrid_policy, POLICIES)
         at_least("max_tokens", self.max_tokens, 1)
         for name in ("threshold", "beta1", "target_acceptance", "epsilon", "beta2", "target_gate"):
             in_unit(name, getattr(self, name))
@@ -131,9 +135,11 @@ class DataSettings:
     path: Optional[str] = None
     limit: Optional[int] = None
     offset: int = 0  # prompts skipped at the start of each set (search.data: after the evaluation prompts)
+    turns: str = "first"  # first: decode each prompt's first turn | all: every turn, on the strategy's own answers
 
     def __post_init__(self):
         at_least("limit", self.limit, 1, " (prompts per set), or null for all")
+        one_of("turns", self.turns, TURNS)
         at_least("offset", self.offset, 0)
         if not self.names or not all(isinstance(n, str) for n in self.names):
             raise SelfspecError(f"name={self.name!r} is not allowed; give a prompt-set name or a list of them")
@@ -162,9 +168,15 @@ class SearchSettings:
     enqueue_seeds: bool
     max_new_tokens: int
     data: DataSettings
+    heartbeat_interval: int  # RDB storages: seconds between a running trial's heartbeats
+    grace_period: int  # RDB storages: a trial without a heartbeat for this long is failed (and retried)
+    max_retry: int  # times a trial failed by the heartbeat is run again
 
     def __post_init__(self):
         at_least("n_trials", self.n_trials, 1, " (trials in the study in total)")
+        at_least("heartbeat_interval", self.heartbeat_interval, 1, " seconds")
+        at_least("grace_period", self.grace_period, self.heartbeat_interval + 1, " seconds (above heartbeat_interval)")
+        at_least("max_retry", self.max_retry, 0)
         one_of("objective", self.objective, OBJECTIVES)
         one_of("sampler", self.sampler, SAMPLERS)
         at_least("n_startup_trials", self.n_startup_trials, 0)
@@ -241,6 +253,30 @@ class KangarooSettings:
     train: TrainSettings
 
 
+@dataclass(frozen=True)
+class LaunchSettings:
+    """How run.py was started (Hydra's runtime config, read at the edge by `launch_settings`): a single run, or job
+    `job_num` of the multirun sweep in `sweep_dir`, started by `launcher` (class name, e.g. JoblibLauncher)."""
+    sweep_dir: Optional[str] = None
+    job_num: Optional[int] = None
+    launcher: Optional[str] = None
+
+    @property
+    def parallel(self) -> bool:
+        """Jobs of the sweep may run at once: any launcher but Hydra's BasicLauncher (one job after another)."""
+        return self.sweep_dir is not None and self.launcher != "BasicLauncher"
+
+
+def launch_settings(hydra) -> LaunchSettings:
+    """The LaunchSettings of a Hydra job from its runtime config (`HydraConfig.get()`)."""
+    from hydra.types import RunMode
+
+    if hydra.mode != RunMode.MULTIRUN:
+        return LaunchSettings()
+    return LaunchSettings(sweep_dir=str(hydra.sweep.dir), job_num=hydra.job.num,
+                          launcher=str(hydra.launcher._target_).rpartition(".")[2])
+
+
 @dataclass(kw_only=True)
 class RunOptions:
     """The top-level keys of conf/config.yaml."""
@@ -249,6 +285,8 @@ class RunOptions:
     strategies: list[str]
     repeats: int
     warmup: bool
+    resume: bool = False  # continue the records.jsonl in the run dir (same settings) instead of moving it aside
+    spec_bench_answers: bool = False  # also write <run dir>/model_answer/<model>-<strategy>.jsonl (Spec-Bench)
 
     def __post_init__(self):
         one_of("task", self.task, TASKS)
@@ -269,6 +307,7 @@ class RunSettings(RunOptions):
     logger: LoggerSettings
     hf: HFSettings
     kangaroo: KangarooSettings
+    launch: LaunchSettings = field(default_factory=LaunchSettings)  # set by run.py from Hydra's runtime config
 
 
 def typed(cls: type[T], values, key: str) -> T:

@@ -61,6 +61,8 @@ class WandbLogger:
         self.run.finish()
 
 
-def make_logger(logger: LoggerSettings, run_config: dict, out_dir: Path) -> WandbLogger | None:
-    run = start_run(logger, out_dir, run_config)
+def make_logger(logger: LoggerSettings, run_config: dict, out_dir: Path, group: str | None = None
+                ) -> WandbLogger | None:
+    """The evaluation's W&B run, in logger.group, else in `group` (a sweep's runs share its directory)."""
+    run = start_run(logger, out_dir, run_config, group=logger.group or group)
     return WandbLogger(run) if run is not None else None

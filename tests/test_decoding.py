@@ -5,13 +5,16 @@ import random
 
 import pytest
 import torch
+from conftest import run_settings
 from scipy.stats import chisquare
 
-from selfspec.decoding.draft_exit import AdaptiveExit, DraftExit, ThresholdExit
+from selfspec.cost_model import CostMeter, DraftCosts
+from selfspec.decoding.draft_exit import AdaptiveExit, CostAwareExit, DraftExit, ThresholdExit
 from selfspec.decoding.drafters import (GenerationContext, HybridDrafter, ModelDrafter, NgramDrafter, SelfDrafter,
                                         ngram_continuation)
 from selfspec.decoding.sampling import SamplingSettings, logits_processor
 from selfspec.decoding.speculative import generate, prefill, speculative_step
+from selfspec.decoding.strategies import make_strategy
 from selfspec.errors import SelfspecError
 from selfspec.models.cache import forward, new_cache
 from selfspec.models.skip import make_skip_set
@@ -31,8 +34,16 @@ def random_setup(rng, layers=6):
     skip = make_skip_set(rng.sample(range(layers), rng.randint(0, 3)), rng.sample(range(layers), rng.randint(0, 3)),
                          layers)
     policy = rng.choice([DraftExit(rng.randint(1, 8)), ThresholdExit(rng.randint(1, 8), rng.random()),
-                         AdaptiveExit(rng.randint(1, 12), rng.random())])
+                         AdaptiveExit(rng.randint(1, 12), rng.random()), random_cost_aware(rng)])
     return skip, policy
+
+
+def random_cost_aware(rng, max_tokens=None):
+    """A cost-aware policy over made-up costs: c(q) from 10 ms up by random steps, d from free to dear."""
+    verify = [10.0]
+    for _ in range(8):
+        verify.append(verify[-1] + rng.uniform(-1, 4))
+    return CostAwareExit(max_tokens or rng.randint(1, 8), costs=DraftCosts(tuple(verify), rng.uniform(0, 8)))
 
 
 def test_plain_greedy_equals_hf_generate_past_the_sliding_window(tiny, prompt):
@@ -129,10 +140,37 @@ def test_hybrid_and_prompt_lookup_greedy_equal_plain(tiny, tokenizer):
     for _ in range(4):
         skip, policy = random_setup(rng)
         ngram = NgramDrafter(tiny, rng.randint(1, 3), rng.randint(1, 10))
-        for drafter in (ngram, HybridDrafter(ngram, SelfDrafter(tiny, skip, policy))):
+        costly = NgramDrafter(tiny, rng.randint(1, 3), 8, random_cost_aware(rng, 8))
+        for drafter in (ngram, HybridDrafter(ngram, SelfDrafter(tiny, skip, policy)),
+                        HybridDrafter(costly, SelfDrafter(tiny, skip, random_cost_aware(rng)))):
             result = generate(tiny, prompt, GREEDY, drafter)
             assert result.new_tokens == plain, (skip, policy, drafter)
             assert "ngram" in {s.source for s in result.steps}
+
+
+def test_a_cost_aware_drafter_that_cannot_pay_drafts_only_on_probes(tiny, prompt):
+    plain = generate(tiny, prompt, GREEDY)
+    dear = CostAwareExit(4, costs=DraftCosts((10.0, 12.0, 14.0, 16.0, 18.0), draft_ms=100.0))
+    result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, make_skip_set([1], [2], 6), dear))
+    assert result.new_tokens == plain.new_tokens
+    assert [i for i, step in enumerate(result.steps) if step.drafted] == [3, 11, 27]
+
+
+def test_cost_aware_strategies_share_one_measurement_and_equal_plain(tiny, prompt):
+    draft = run_settings("draft=cost", "draft.max_tokens=4").draft
+    meter = CostMeter(tiny, 11, repeats=1)
+    plain = generate(tiny, prompt, GREEDY).new_tokens
+    skip = make_skip_set([1], [2], 6)
+    strategies = [make_strategy(name, tiny, GREEDY, None, skip, draft, costs=meter)
+                  for name in ("self_spec", "self_spec_cost", "self_spec_hybrid")]
+    assert all(s.generate(prompt).new_tokens == plain for s in strategies)
+    assert len(meter.verify_ms) == 11 and list(meter.draft_ms) == [(skip, id(None))]
+    hybrid = strategies[2].drafter
+    assert hybrid.ngram.exit_policy.costs == DraftCosts(meter.verify_ms, 0.0)  # copies cost nothing to draft
+    assert hybrid.fallback.exit_policy.costs.draft_ms == meter.draft_ms[(skip, id(None))]
+    with pytest.raises(SelfspecError, match="draft.policy=cost is for the layer-skip and copying drafters; "
+                                            "strategy two_model takes"):
+        make_strategy("two_model", tiny, GREEDY, None, skip, draft, draft_model=tiny, costs=meter)
 
 
 def test_target_gate_at_one_never_drafts_and_at_zero_changes_nothing(tiny, prompt):

@@ -1,6 +1,7 @@
 import pytest
 
-from selfspec.decoding.draft_exit import AdaptiveExit, DraftExit, ThresholdExit
+from selfspec.cost_model import DraftCosts
+from selfspec.decoding.draft_exit import AdaptiveExit, CostAwareExit, DraftExit, ThresholdExit
 from selfspec.errors import SelfspecError
 
 
@@ -34,11 +35,60 @@ def test_fixed_policy_never_stops():
     assert not DraftExit(3).should_stop(0.0) and DraftExit(3).threshold == 0.0
 
 
+def test_cost_aware_policy_probes_with_doubling_waits_when_drafting_cannot_pay():
+    """A draft token as dear as a full step: at the prior acceptance 0.5 the best length (k = 1) is expected at
+    1.5 * 10 / (10 + 12) = 0.68x plain, so the policy drafts only on probes, after 4, 8, 16, 32, 64, 64 steps."""
+    policy = CostAwareExit(4, costs=DraftCosts((10.0, 12.0, 14.0, 16.0, 18.0), draft_ms=10.0))
+    assert policy.best_length(4) == (1, pytest.approx(15 / 22))
+    plans = [policy.plan(4) for _ in range(200)]
+    assert [step for step, k in enumerate(plans, 1) if k] == [4, 12, 28, 60, 124, 188]
+    assert {k for k in plans if k} == {4}  # a probe may draft the longest; should_stop ends it sooner
+
+
+def test_cost_aware_policy_verifies_at_the_width_where_c_of_q_is_cheap():
+    """Copies (d = 0) at acceptance 0.5 with c(q) = 10, 13, 16, 12, 12: speedups 1.5 * 10 / 13, 1.75 * 10 / 16,
+    1.875 * 10 / 12, 1.9375 * 10 / 12: a 4-token copy (a 5-token verify) beats the shorter ones."""
+    policy = CostAwareExit(4, costs=DraftCosts((10.0, 13.0, 16.0, 12.0, 12.0), draft_ms=0.0))
+    assert policy.best_length(4) == (4, pytest.approx(19.375 / 12))
+    assert policy.best_length(2) == (1, pytest.approx(15 / 13))
+    assert policy.plan(3) == 3
+
+
+def test_cost_aware_policy_counts_only_the_draft_tokens_verification_judged():
+    policy = CostAwareExit(4, costs=DraftCosts((10.0,) * 5, draft_ms=1.0))
+    policy.plan(4)
+    for confidence in (0.95, 0.95, 0.15):
+        policy.should_stop(confidence)
+    policy.update(3, 1)  # the first accepted, the second rejected, the third never judged
+    assert (policy.accepted_count, policy.tested_count) == (pytest.approx(1.9), pytest.approx(3.8))
+    assert policy.acceptance == policy.threshold == pytest.approx(0.5)
+    assert policy.bins == [[0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [1.0, 2.0]]
+
+
+def test_cost_aware_policy_learns_which_confidences_verification_accepts():
+    """Cheap drafts (d = 1, flat c(q) = 10): untrained, a 0.1-confidence token counts as the prior 0.5 and drafting
+    goes on; after steps where 0.95-confidence tokens were accepted and 0.1-confidence ones rejected, drafting goes
+    on after a confident token and stops after an unsure one."""
+    policy = CostAwareExit(4, costs=DraftCosts((10.0,) * 5, draft_ms=1.0))
+    policy.plan(4)
+    assert not policy.should_stop(0.1)
+    for _ in range(30):
+        policy.plan(4)
+        policy.should_stop(0.95)
+        policy.should_stop(0.1)
+        policy.update(2, 1)
+    assert policy.calibrated(0.95) > 0.85 > 0.1 > policy.calibrated(0.1)
+    assert policy.plan(4) == 4
+    assert not policy.should_stop(0.95) and policy.should_stop(0.1)
+
+
 @pytest.mark.parametrize("make,message", [
     (lambda: ThresholdExit(4, 1.2), "threshold=1.2 is outside [0, 1]"),
     (lambda: ThresholdExit(4, -0.1), "threshold=-0.1 is outside [0, 1]"),
     (lambda: AdaptiveExit(4, 0.8, beta2=2.0), "beta2=2.0 is outside [0, 1]"),
     (lambda: DraftExit(0), "max_tokens=0 must be >= 1"),
+    (lambda: CostAwareExit(4, costs=DraftCosts((10.0,), 1.0)), "the cost-aware draft exit needs c(q) for q = 1 and 2 at least"),
+    (lambda: CostAwareExit(4, costs=DraftCosts((10.0, 12.0), 1.0), decay=1.0), "decay=1.0 must be in (0, 1)"),
 ])
 def test_bad_policy_settings(make, message):
     with pytest.raises(SelfspecError) as error:

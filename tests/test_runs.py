@@ -6,6 +6,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from test_experiments import FIGURES
 from test_plots import record, run_records
 
 from selfspec import figures as figs
@@ -13,7 +14,7 @@ from selfspec import plots
 from selfspec import runs as runs_
 from selfspec.errors import SelfspecError
 from selfspec.models.skip import SkipSet
-from selfspec.records import PromptRecord, RecordedStep, read_jsonl, read_records
+from selfspec.records import PromptRecord, RecordedStep, read_jsonl, read_records, verdict
 
 
 def write_lines(path: Path, rows) -> Path:
@@ -138,16 +139,20 @@ def test_records_date_falls_back_to_the_file_time(tmp_path):
     assert len(runs_.records_date(tmp_path / "records.jsonl")) == len("2025-01-01 00:00")
 
 
-def test_make_figures_skips_experiments_without_records_with_a_note(tmp_path):
+def test_make_figures_draws_the_shipped_samples_labelled_where_outputs_have_no_records(tmp_path):
     write_run(tmp_path / "experiments" / "strategies" / "2025-01-01_00-00-00", run_records())
     lines = []
     made = figs.make_figures(tmp_path, tmp_path / "figures", log=lines.append)
-    assert set(made) == {"strategies_speedup", "strategies_accepted"}
+    assert set(made) == {name for group in figs.FIGURE_GROUPS for name in FIGURES[group]}
     assert (tmp_path / "figures" / "strategies_speedup.png").stat().st_size > 10_000
     assert (tmp_path / "figures" / "strategies_speedup.pdf").read_bytes().startswith(b"%PDF")
-    assert len(lines) == 7
-    assert sum("skipped, no records" in line for line in lines) == 5
+    for name, fig in made.items():
+        from_sample = not name.startswith("strategies")
+        assert ("(sample records)" in fig.get_suptitle()) == from_sample, name
+    assert sum("drawing the shipped sample records" in line for line in lines) == 5
     assert any("python run.py -m experiment=threshold_sweep" in line for line in lines)
+    assert f"{tmp_path / 'figures' / 'strategies_speedup'}.{{png,pdf}} <- {tmp_path}/experiments/strategies/" \
+           "2025-01-01_00-00-00" in lines
 
 
 def test_make_figures_reports_bad_records_and_goes_on(tmp_path):
@@ -156,7 +161,7 @@ def test_make_figures_reports_bad_records_and_goes_on(tmp_path):
     write_run(bad, run_records())
     write_lines(bad / "records.jsonl", [{"strategy": "plain"}])
     lines = []
-    assert figs.make_figures(tmp_path, tmp_path / "figures", log=lines.append) == {}
+    assert figs.make_figures(tmp_path, tmp_path / "figures", log=lines.append, samples=None) == {}
     assert any(line.startswith("strategies: skipped, strategy speedups: only plain decoding") for line in lines)
     assert f"sampling: skipped, {bad / 'records.jsonl'}:1: field 'question_id' is missing" in lines
 
@@ -173,3 +178,13 @@ def test_log_figures_logs_one_image_per_figure():
     run = Run()
     figs.log_figures(run, {"a": plots.plot_skip_mask(SkipSet(attn=(0,)), 2)})
     assert list(run.logged) == ["figures/a"] and isinstance(run.logged["figures/a"], wandb.Image)
+
+
+def test_verdict_names_the_fastest_and_says_why_slower_strategies_lost():
+    summary = {"plain": {"speedup": 1.0, "mean_accepted_tokens": 1.0},
+               "self_spec": {"speedup": 0.8, "mean_accepted_tokens": 2.0},
+               "self_spec_hybrid": {"speedup": 1.25, "mean_accepted_tokens": 1.5}}
+    assert verdict(summary) == ("self_spec_hybrid was fastest at 1.25x plain decoding; self_spec ran 0.80x: its "
+                                "steps emitted 2.00 tokens each but took 2.50 plain steps' time (drafting cost "
+                                "more than it saved).")
+    assert verdict({"plain": summary["plain"]}) == ""

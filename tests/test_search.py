@@ -267,7 +267,7 @@ def test_fail_dead_trials_marks_only_trials_of_dead_local_workers(tmp_path):
         trial = study.ask()
         if worker:
             trial.set_user_attr("worker", worker)
-    assert fail_dead_trials(study) == 1
+    assert fail_dead_trials(study, storage) == 1
     assert [t.state for t in study.trials] == [TrialState.FAIL] + [TrialState.RUNNING] * 3
 
 

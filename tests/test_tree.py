@@ -204,6 +204,15 @@ def test_layer_skip_tree_branches_only_where_the_draft_is_unsure(prompt):
     assert always.draft(tokens, 2).parents == [-1, -1, -1, 0, 0, 0]  # the depth asked for caps it
 
 
+    class NoDraft(DraftExit):
+        def plan(self, max_tokens):
+            return 0  # as the cost-aware exit does where drafting does not pay
+
+    idle = SelfTreeDrafter(model, skip, NoDraft(4), nodes=12, depth=4, width=3, branch_below=1.0)
+    idle.begin(context)
+    assert idle.draft(tokens, 4) == Draft()
+
+
 def test_ngram_trie_merges_distinct_continuations_within_its_budget():
     tokens = [5, 6, 7, 8, 9, 5, 6, 7, 3, 5, 6, 4, 4, 5, 6]
     # after (5, 6): latest first 4 4 5 6, then 7 3 5 6, then 7 8 9 5; then the 1-gram (6,) adds nothing new

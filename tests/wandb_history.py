@@ -38,3 +38,9 @@ def history(run_dir: Path) -> list[dict]:
             rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
                          for item in record.history.item})
     return rows
+
+
+def run_group(run_dir: Path) -> str:
+    """The group the run was started in (wandb.init(group=...))."""
+    (path,) = Path(run_dir).glob("run-*.wandb")
+    return next(r.run.run_group for r in records(path) if r.WhichOneof("record_type") == "run")

@@ -2,11 +2,13 @@
 
 `fixed` drafts `max_tokens` tokens; `threshold` stops after a draft token whose draft probability (the
 draft distribution's top probability) falls below a fixed threshold; `adaptive` is Draft & Verify's rule,
-which moves that threshold after every verification towards a target acceptance rate.
+which moves that threshold after every verification towards a target acceptance rate; `cost` drafts only as far as
+drafting pays on this machine (CostAwareExit below).
 """
 
 from dataclasses import dataclass, field
 
+from selfspec.cost_model import DraftCosts, expected_emitted
 from selfspec.errors import SelfspecError
 from selfspec.settings import DraftSettings
 
@@ -34,6 +36,10 @@ class DraftExit:
     @property
     def threshold(self) -> float:
         return 0.0
+
+    def plan(self, max_tokens: int) -> int:
+        """The most tokens to draft this step (0: do not draft); called before each draft."""
+        return max_tokens
 
     def should_stop(self, confidence: float) -> bool:
         return False
@@ -87,8 +93,114 @@ class AdaptiveExit(ThresholdExit):
         self.current = self.beta2 * self.current + (1 - self.beta2) * candidate
 
 
-def make_exit_policy(draft: DraftSettings, greedy: bool, policy: str | None = None) -> DraftExit:
-    """A fresh draft-exit policy from the `draft` settings; `policy` overrides their kind."""
+CONFIDENCE_BINS = 5  # equal-width bins of draft confidence, calibrated separately
+FIRST_WAIT, LAST_WAIT = 4, 64  # steps without drafting before a probe; doubled after each probe that did not pay
+
+
+@dataclass(kw_only=True)
+class CostAwareExit(DraftExit):
+    """`draft=cost`: draft only as far as drafting pays on this machine, and not at all when it does not.
+
+    The costs are measured here (cost_model.CostMeter): c(q), a q-token forward of the full model, and d, one draft
+    token. A step that drafts k tokens, each accepted with probability a given the ones before it, emits
+    E(k) = 1 + a + ... + a^k tokens for k d + c(k + 1) ms, where plain decoding spends E(k) c(1). Before each draft
+    the policy estimates a from what verification accepted lately and drafts only if some k beats plain decoding by
+    `min_speedup`; otherwise it drafts nothing and probes again after 4, 8, ..., 64 steps, so a drafter that stops
+    paying costs at most a probe now and then. While drafting, each token's draft confidence, calibrated online
+    against verification in confidence bins, gives the chance that the draft so far survives; drafting stops as soon
+    as no longer draft is expected to raise the step's speedup. Copies from the context count as confidence 1.0,
+    calibrated by the copying drafter's own policy.
+    """
+    costs: DraftCosts
+    min_speedup: float = 1.02  # draft only where the expected speedup over plain decoding is at least this
+    decay: float = 0.9  # weight of the history at each verification (about the last ten steps count)
+    accepted_count: float = field(default=1.0, init=False)  # decayed count of accepted draft tokens (prior: 1 of 2)
+    tested_count: float = field(default=2.0, init=False)  # decayed count of draft tokens verification judged
+    bins: list[list[float]] = field(default_factory=lambda: [[0.0, 0.0] for _ in range(CONFIDENCE_BINS)],
+                                    init=False)  # per confidence bin: [accepted, tested], decayed
+    confidences: list[float] = field(default_factory=list, init=False)  # of the draft in progress
+    survival: float = field(default=1.0, init=False)  # P(every token of the draft so far is accepted)
+    emitted: float = field(default=1.0, init=False)  # expected tokens the step emits if drafting stops now
+    idle: int = field(default=0, init=False)  # steps since drafting last paid or was probed
+    wait: int = field(default=FIRST_WAIT, init=False)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if len(self.costs.verify_ms) < 2:
+            raise SelfspecError("the cost-aware draft exit needs c(q) for q = 1 and 2 at least")
+        if not 0.0 < self.decay < 1.0:
+            raise SelfspecError(f"decay={self.decay} must be in (0, 1)")
+
+    @property
+    def threshold(self) -> float:
+        """Recorded with every step in the threshold's place: the acceptance rate the policy estimates."""
+        return self.acceptance
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted_count / self.tested_count
+
+    def longest(self, max_tokens: int) -> int:
+        return min(max_tokens, self.max_tokens, len(self.costs.verify_ms) - 1)
+
+    def best_length(self, max_tokens: int) -> tuple[int, float]:
+        """The draft length k in 1..max_tokens with the best expected speedup at the estimated acceptance."""
+        return max(((k, self.costs.speedup(expected_emitted(self.acceptance, k), k))
+                    for k in range(1, self.longest(max_tokens) + 1)), key=lambda pair: pair[1])
+
+    def plan(self, max_tokens: int) -> int:
+        """The most tokens to draft this step (should_stop ends the draft sooner): 0 when no draft length is
+        expected to pay, except every `wait` steps (a probe, so that the estimate can recover)."""
+        self.confidences, self.survival, self.emitted = [], 1.0, 1.0
+        if self.best_length(max_tokens)[1] >= self.min_speedup:
+            self.idle, self.wait = 0, FIRST_WAIT
+            return self.longest(max_tokens)
+        self.idle += 1
+        if self.idle < self.wait:
+            return 0
+        self.idle, self.wait = 0, min(2 * self.wait, LAST_WAIT)
+        return self.longest(max_tokens)
+
+    def should_stop(self, confidence: float) -> bool:
+        """After a draft token of this confidence: stop unless drafting further raises the expected speedup."""
+        self.confidences.append(confidence)
+        self.survival *= self.calibrated(confidence)
+        self.emitted += self.survival
+        drafted, a = len(self.confidences), self.acceptance
+        now = self.costs.speedup(self.emitted, drafted)
+        later = (self.costs.speedup(self.emitted + self.survival * (expected_emitted(a, extra) - 1), drafted + extra)
+                 for extra in range(1, self.longest(self.max_tokens) - drafted + 1))
+        return max(later, default=0.0) <= now
+
+    def calibrated(self, confidence: float) -> float:
+        """P(verification accepts a draft token of this confidence): its bin's rate, shrunk to the overall rate."""
+        accepted, tested = self.bins[_bin(confidence)]
+        return (accepted + 2 * self.acceptance) / (tested + 2)
+
+    def update(self, drafted: int, accepted: int) -> None:
+        if drafted == 0:
+            return
+        tested = min(drafted, accepted + 1)  # tokens after the first rejected one were never judged
+        self.accepted_count = self.decay * self.accepted_count + accepted
+        self.tested_count = self.decay * self.tested_count + tested
+        for counts in self.bins:
+            counts[0] *= self.decay
+            counts[1] *= self.decay
+        for i, confidence in enumerate(self.confidences[:tested]):
+            counts = self.bins[_bin(confidence)]
+            counts[0] += i < accepted
+            counts[1] += 1
+        self.confidences = []  # an update without a draft before it (a resumed run's replay) moves only the rate
+
+
+def _bin(confidence: float) -> int:
+    return min(int(confidence * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)
+
+
+def make_exit_policy(draft: DraftSettings, greedy: bool, policy: str | None = None,
+                     costs: DraftCosts | None = None) -> DraftExit:
+    """A fresh draft-exit policy from the `draft` settings; `policy` overrides their kind. Policy `cost` needs the
+    drafter's `costs` on this machine (cost_model.CostMeter)."""
     policy = policy or draft.policy
     threshold = draft.threshold if draft.threshold is not None else default_threshold(greedy)
     if policy == "fixed":
@@ -97,4 +209,8 @@ def make_exit_policy(draft: DraftSettings, greedy: bool, policy: str | None = No
         return ThresholdExit(draft.max_tokens, threshold)
     if policy == "adaptive":
         return AdaptiveExit(draft.max_tokens, threshold, **draft.adaptive_options)
-    raise SelfspecError(f"draft.policy={policy!r} is unknown; allowed: fixed, threshold, adaptive")
+    if policy == "cost":
+        if costs is None:
+            raise SelfspecError("draft.policy=cost needs the measured costs of its drafter")
+        return CostAwareExit(draft.max_tokens, costs=costs)
+    raise SelfspecError(f"draft.policy={policy!r} is unknown; allowed: fixed, threshold, adaptive, cost")

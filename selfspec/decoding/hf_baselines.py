@@ -8,7 +8,6 @@ Per-step records come from timing the candidate generator HF builds for the call
 (hf_generate); in assisted modes the prefill is the first step's verify forward, so `prefill_s` is 0 there.
 """
 
-import time
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
@@ -19,6 +18,7 @@ from selfspec.decoding.results import GenerationResult, StepRecord
 from selfspec.decoding.sampling import SamplingSettings
 from selfspec.errors import SelfspecError
 from selfspec.models.skip import num_layers
+from selfspec.timing import clock
 
 HF_STRATEGIES = ("hf_generate", "hf_prompt_lookup", "hf_early_exit", "hf_assistant")
 PROMPT_LOOKUP_TOKENS = 10
@@ -44,8 +44,9 @@ class HFStrategy:
         assistant = self.model if self.early_exit_layer is not None else self.draft_model
         assisted = assistant is not None or self.prompt_lookup_tokens is not None
         steps: list[StepRecord] = []
-        streamer = None if assisted else _TokenTimes()
-        start = time.perf_counter()
+        device = self.model.device
+        streamer = None if assisted else _TokenTimes(device)
+        start = clock(device)
         with ExitStack() as hooks:
             hooks.enter_context(_seeded(generator, self.model.device))
             if assistant is not None:
@@ -58,7 +59,7 @@ class HFStrategy:
             out = self.model.generate(ids, attention_mask=torch.ones_like(ids), streamer=streamer,
                                       **self._generate_kwargs())
             new_tokens = out[0, len(prompt):].tolist()
-        elapsed_s = time.perf_counter() - start
+        elapsed_s = clock(device) - start
         prefill_s = 0.0
         if streamer is not None:  # times[0]: the prompt, [1]: the prefill's token, then one per forward
             prefill_s = streamer.times[1] - start
@@ -112,11 +113,11 @@ def make_hf_strategy(name: str, model, settings: SamplingSettings, eos_token_id,
 class _TokenTimes(BaseStreamer):
     """Records when HF hands over tokens: first the prompt, then each forward's new token(s)."""
 
-    def __init__(self):
-        self.times: list[float] = []
+    def __init__(self, device: torch.device):
+        self.device, self.times = device, []
 
     def put(self, value):
-        self.times.append(time.perf_counter())
+        self.times.append(clock(self.device))
 
     def end(self):
         pass
@@ -134,16 +135,16 @@ def _recording_steps(model, steps: list[StepRecord], threshold: float):
         last = {}
 
         def timed_get_candidates(input_ids, **kw):
-            t0 = time.perf_counter()
+            t0 = clock(input_ids.device)
             candidate_ids, candidate_logits = get_candidates(input_ids, **kw)
-            t1 = time.perf_counter()
+            t1 = clock(input_ids.device)
             last.update(drafted=candidate_ids.shape[1] - input_ids.shape[1], draft_s=t1 - t0, t1=t1)
             return candidate_ids, candidate_logits
 
         def recorded_update(input_ids, scores, num_matches):
             accepted = int(num_matches)
             steps.append(StepRecord(last["drafted"], accepted, accepted + 1, threshold, last["draft_s"],
-                                    time.perf_counter() - last["t1"]))
+                                    clock(input_ids.device) - last["t1"]))
             return update(input_ids, scores, num_matches)
 
         candidates.get_candidates, candidates.update_candidate_strategy = timed_get_candidates, recorded_update

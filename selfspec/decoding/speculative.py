@@ -5,8 +5,6 @@ speculative decoding share this loop and its sampling code. Target-confidence ga
 probability of the token it last emitted is at or below `target_gate`, the next step does not draft.
 """
 
-import time
-
 import torch
 
 from selfspec.decoding.drafters import Draft, Drafter, GenerationContext
@@ -15,6 +13,7 @@ from selfspec.decoding.sampling import SamplingSettings, accept_probability, res
 from selfspec.decoding.tree import forward_tree, tree_paths, tree_scores, verify_tree_greedy, verify_tree_sampled
 from selfspec.errors import SelfspecError
 from selfspec.models.cache import forward, new_cache
+from selfspec.timing import clock
 
 
 def verify_greedy(draft_tokens: list[int], target_scores: torch.Tensor) -> tuple[int, int]:
@@ -61,10 +60,10 @@ def generate(model, prompt: list[int], settings: SamplingSettings, drafter: Draf
     if drafter is not None:
         drafter.begin(context)
 
-    start = time.perf_counter()
+    start = clock(model.device)
     first, confidence = prefill(model, context, prompt)
     tokens = prompt + [first]
-    prefill_s = time.perf_counter() - start
+    prefill_s = clock(model.device) - start
     steps = []
     while tokens[-1] != eos_token_id and len(tokens) - len(prompt) < settings.max_new_tokens:
         remaining = settings.max_new_tokens - (len(tokens) - len(prompt))
@@ -73,7 +72,7 @@ def generate(model, prompt: list[int], settings: SamplingSettings, drafter: Draf
         confidence = step.target_confidence
         tokens += new
         steps.append(step)
-    return GenerationResult(tokens[len(prompt):], time.perf_counter() - start, prefill_s, steps)
+    return GenerationResult(tokens[len(prompt):], clock(model.device) - start, prefill_s, steps)
 
 
 def prefill(model, context: GenerationContext, prompt: list[int]) -> tuple[int, float]:
@@ -89,10 +88,10 @@ def speculative_step(model, context: GenerationContext, tokens: list[int], remai
     """Draft (unless `gated`), verify [last token, drafts...] in one full-model forward, keep the accepted prefix
     plus one token; the cache is rewound to the kept length (tokens + new, minus the not yet processed last
     token)."""
-    t0 = time.perf_counter()
+    t0 = clock(model.device)
     k_max = min(drafter.max_tokens, remaining - 1) if drafter is not None and not gated else 0
     draft = drafter.draft(tokens, k_max) if k_max > 0 else Draft()
-    t1 = time.perf_counter()
+    t1 = clock(model.device)
     if draft.parents is not None:
         return tree_step(model, context, tokens, remaining, drafter, draft, t1 - t0, gated)
     verify_logits = forward(model, context.cache, [tokens[-1]] + draft.tokens, len(tokens) - 1)  # (k+1, vocab)
@@ -106,7 +105,7 @@ def speculative_step(model, context: GenerationContext, tokens: list[int], remai
     context.cache.rewind(len(tokens) + len(new) - 1)
     confidence = float(torch.softmax(target[accepted], dim=-1)[next_token])  # the full model's p(next token)
     step = StepRecord(len(draft.tokens), accepted, len(new), drafter.threshold if drafter is not None else 0.0,
-                      t1 - t0, time.perf_counter() - t1, draft.source if draft.tokens else "", confidence, gated)
+                      t1 - t0, clock(model.device) - t1, draft.source if draft.tokens else "", confidence, gated)
     if draft.tokens:
         drafter.update(len(draft.tokens), accepted)
     return new, step
@@ -116,7 +115,7 @@ def tree_step(model, context: GenerationContext, tokens: list[int], remaining: i
               draft_s: float, gated: bool) -> tuple[list[int], StepRecord]:
     """Verify a token-tree draft in one full-model forward (decoding/tree.py), keep its longest accepted path plus one
     token, and move that path's cache entries next to the prefix."""
-    t1 = time.perf_counter()
+    t1 = clock(model.device)
     logits = forward_tree(model, context.cache, tokens[-1], draft, len(tokens) - 1)  # (n+1, vocab)
     target = tree_scores(logits, tokens, draft, context.processor)  # (n+1, vocab)
     if context.settings.greedy:
@@ -128,7 +127,7 @@ def tree_step(model, context: GenerationContext, tokens: list[int], remaining: i
     row = path[-1] + 1 if path else 0  # the row that predicted next_token
     confidence = float(torch.softmax(target[row], dim=-1)[next_token])
     depth = max(len(p) for p in tree_paths(draft.parents))
-    step = StepRecord(len(draft.tokens), len(path), len(new), drafter.threshold, draft_s, time.perf_counter() - t1,
+    step = StepRecord(len(draft.tokens), len(path), len(new), drafter.threshold, draft_s, clock(model.device) - t1,
                       draft.source if draft.tokens else "", confidence, gated, len(draft.tokens), depth)
     if draft.tokens:
         drafter.update(depth, len(path))

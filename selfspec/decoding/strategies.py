@@ -1,9 +1,9 @@
 """Decoding strategies with one `generate(prompt, generator)` signature, so runs and benchmarks loop over them.
 
-Names: `plain`; `self_spec` (the configured draft exit) or `self_spec_<fixed|threshold|adaptive>`;
+Names: `plain`; `self_spec` (the configured draft exit) or `self_spec_<fixed|threshold|adaptive|cost>`;
 `self_spec_searched` (the configured exit with the searched skip set and draft vocabulary, `searched_skip`);
-`self_spec_hybrid` (an n-gram copy from the context when there is one, else the layer-skip draft with the
-configured exit); `prompt_lookup` (n-gram copies only); `two_model` (needs `draft_model`); `kangaroo` (needs
+`self_spec_hybrid` (an n-gram copy from the context when there is one, else the layer-skip draft; both under
+`draft.hybrid_policy`, the cost-aware exit unless set otherwise); `prompt_lookup` (n-gram copies only); `two_model` (needs `draft_model`); `kangaroo` (needs
 `kangaroo.adapter_path`); the HF generate baselines `hf_*` (see hf_baselines.py). Token trees (decoding/tree.py,
 `draft.tree_*`): `prompt_lookup_tree` (several n-gram copies in a trie) and `self_spec_tree` (that trie when the
 context has matches, else the layer-skip draft branching where it is unsure). Every drafting strategy
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from selfspec.cost_model import CostMeter
 from selfspec.decoding.draft_exit import make_exit_policy
 from selfspec.decoding.drafters import (Drafter, HybridDrafter, KangarooDrafter, ModelDrafter, NgramDrafter,
                                         NgramTreeDrafter, SelfDrafter, SelfTreeDrafter)
@@ -48,29 +49,42 @@ class Strategy:
 
 def make_strategy(name: str, model, settings: SamplingSettings, eos_token_id, skip: SkipSet, draft: DraftSettings,
                   draft_model=None, draft_head: DraftHead | None = None, hf: HFSettings | None = None,
-                  kangaroo: KangarooSettings | None = None,
-                  searched: tuple[SkipSet, DraftHead | None] | None = None) -> Strategy | HFStrategy:
+                  kangaroo: KangarooSettings | None = None, searched: tuple[SkipSet, DraftHead | None] | None = None,
+                  costs: CostMeter | None = None) -> Strategy | HFStrategy:
     """The strategy `name` (see NAMES); `searched`: the searched skip set and its draft head, for
-    self_spec_searched. Each strategy gets a fresh draft-exit policy."""
+    self_spec_searched; `costs`: this machine's step costs for the cost-aware policy, measured on first use and
+    shared by the strategies of a run. Each strategy gets fresh draft-exit policies."""
     if name in HF_STRATEGIES:
         return make_hf_strategy(name, model, settings, eos_token_id, draft_model, **(vars(hf) if hf else {}))
     if name == "plain":
         return Strategy(name, model, settings, eos_token_id)
     if name not in NAMES:
         raise SelfspecError(f"strategy {name!r} is unknown; allowed: {', '.join(NAMES)}")
-    policy = name.removeprefix("self_spec_")
-    exit_policy = make_exit_policy(draft, settings.greedy, policy if policy in POLICIES else None)
-    if name == "self_spec" or policy in POLICIES:
-        drafter = SelfDrafter(model, skip, exit_policy, draft_head)
+    suffix = name.removeprefix("self_spec_")
+    policy = suffix if suffix in POLICIES else draft.policy
+    if name == "self_spec_hybrid":
+        policy = draft.hybrid_policy or draft.policy
+    costs = costs or CostMeter(model, max(draft.max_tokens, draft.ngram_tokens) + 1)
+
+    def exit_policy(drafted_by: SkipSet | None = None, head: DraftHead | None = None):
+        """A fresh policy; the cost-aware one gets the costs of drafting with `drafted_by` (None: copies)."""
+        if policy == "cost" and name in ("two_model", "kangaroo"):
+            raise SelfspecError(f"draft.policy=cost is for the layer-skip and copying drafters; strategy {name} "
+                                f"takes draft.policy=fixed, threshold or adaptive")
+        return make_exit_policy(draft, settings.greedy, policy,
+                                costs.costs(drafted_by, head) if policy == "cost" else None)
+
+    if name == "self_spec" or suffix in POLICIES:
+        drafter = SelfDrafter(model, skip, exit_policy(skip, draft_head), draft_head)
     elif name == "self_spec_searched":
         if searched is None:
             raise SelfspecError("strategy self_spec_searched needs a searched skip set and this model ships none "
                                 "(model.searched_skip): run `make search MODEL=<model>`, then pass "
                                 "searched_skip.path=<its run dir>/best_skip.yaml, or drop the strategy")
-        drafter = SelfDrafter(model, searched[0], exit_policy, searched[1])
+        drafter = SelfDrafter(model, searched[0], exit_policy(*searched), searched[1])
     elif name == "self_spec_hybrid":
-        drafter = HybridDrafter(NgramDrafter(model, draft.ngram_size, draft.ngram_tokens),
-                                SelfDrafter(model, skip, exit_policy, draft_head))
+        copier = NgramDrafter(model, draft.ngram_size, draft.ngram_tokens, exit_policy() if policy == "cost" else None)
+        drafter = HybridDrafter(copier, SelfDrafter(model, skip, exit_policy(skip, draft_head), draft_head))
     elif name == "prompt_lookup":
         drafter = NgramDrafter(model, draft.ngram_size, draft.ngram_tokens)
     elif name == "prompt_lookup_tree":
@@ -78,13 +92,13 @@ def make_strategy(name: str, model, settings: SamplingSettings, eos_token_id, sk
     elif name == "self_spec_tree":
         drafter = HybridDrafter(
             NgramTreeDrafter(model, draft.ngram_size, draft.tree_nodes, draft.tree_depth, draft.tree_width),
-            SelfTreeDrafter(model, skip, exit_policy, draft_head, draft.tree_nodes, draft.tree_depth, draft.tree_width,
-                            draft.tree_branch_below))
+            SelfTreeDrafter(model, skip, exit_policy(skip, draft_head), draft_head, draft.tree_nodes, draft.tree_depth,
+                            draft.tree_width, draft.tree_branch_below))
     elif name == "two_model":
         if draft_model is None:
             raise SelfspecError("strategy two_model needs a draft model: set draft_model=<option>, e.g. draft_model=tiny_llama")
-        drafter = ModelDrafter(draft_model, exit_policy)
+        drafter = ModelDrafter(draft_model, exit_policy())
     else:  # kangaroo
         adapter, exit_layer = load_adapter(kangaroo and kangaroo.adapter_path, model, kangaroo and kangaroo.exit_layer)
-        drafter = KangarooDrafter(model, adapter, exit_layer, exit_policy)
+        drafter = KangarooDrafter(model, adapter, exit_layer, exit_policy())
     return Strategy(name, model, settings, eos_token_id, drafter, draft.target_gate)

@@ -63,7 +63,7 @@ def set_title(fig: Figure, title: str, model: str | None, date, *notes: str) -> 
     """Title, then one line: model, date of the records, notes."""
     meta = " · ".join(str(part) for part in (model and f"model: {model}", date and f"records: {date}", *notes)
                       if part)
-    width = int(fig.get_figwidth() * 72 / (0.5 * STYLE["figure.titlesize"]))  # characters that fit the width
+    width = int(fig.get_figwidth() * 72 / (0.56 * STYLE["figure.titlesize"]))  # characters that fit the width
     lines = textwrap.wrap(meta, width, break_long_words=False) if meta else []
     fig.suptitle("\n".join([title, *lines]))
 

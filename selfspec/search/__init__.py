@@ -51,15 +51,16 @@ def search_skip_set(settings: RunSettings, loaded: LoadedModel, out_dir: Path) -
     prompt_ids = [encode_prompt(loaded.tokenizer, p) for p in prompts]
     study_name = search.study_name or f"{loaded.name}-{search.objective}"
     with quiet_optuna():
-        storage, storage_text = open_storage(search.storage, out_dir)
+        storage, storage_text = open_storage(search.storage, out_dir, search.heartbeat_interval, search.grace_period,
+                                             search.max_retry)
         study = open_study(storage, storage_text, study_name, search.objective, loaded.name, layers,
                            make_pruner(search.objective, search.prune_p))
-        failed = fail_dead_trials(study)
+        failed = fail_dead_trials(study, storage)
         seeds = seed_candidates(space, configured_skip(settings.skip, layers), settings.draft.vocab_size)
         start_sampling(study, search, space, seeds)
         done = len(study.get_trials(deepcopy=False, states=FINISHED))
         print(f"search: study {study_name!r} in {storage_text}: {done} of {search.n_trials} trials finished"
-              + (f", {failed} abandoned trial(s) of dead workers marked FAIL" if failed else "")
+              + (f", {failed} abandoned trial(s) of dead workers marked FAIL (an RDB runs them again)" if failed else "")
               + f"; {len(prompts)} search prompts x {search.max_new_tokens} tokens, objective {search.objective}, "
                 f"sampler {search.sampler}")
         if done < search.n_trials:

@@ -32,13 +32,21 @@ def quiet_optuna():
             optuna.logging.set_verbosity(verbosity)
 
 
-def open_storage(spec: str | None, out_dir: Path):
-    """(storage, text): a journal file (None = out_dir/optuna_journal.log, or a path) or an RDB URL."""
+def open_storage(spec: str | None, out_dir: Path, heartbeat_interval: int = 60, grace_period: int = 180,
+                 max_retry: int = 2):
+    """(storage, text): a journal file (None = out_dir/optuna_journal.log, or a path) or an RDB URL. In an RDB
+    every running trial sends a heartbeat; any worker marks a trial silent for `grace_period` s as FAIL and queues
+    its skip set again (at most `max_retry` times)."""
     spec = spec or str(out_dir / JOURNAL_NAME)
     if "://" in spec:
+        retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
         try:
-            # Heartbeats let any worker mark trials of a crashed worker as FAIL (RDB only).
-            return optuna.storages.RDBStorage(spec, heartbeat_interval=60, grace_period=180), spec
+            return optuna.storages.RDBStorage(spec, heartbeat_interval=heartbeat_interval, grace_period=grace_period,
+                                              heartbeat_stale_trial_callback=retry), spec
+        except ImportError as err:  # SQLAlchemy found no driver for the URL's database
+            hint = " (pip install -e '.[distributed]' installs psycopg 3)" if spec.startswith("postgresql") else ""
+            raise SelfspecError(f"search.storage={spec!r} cannot be opened: no database driver{hint}: "
+                                f"{_first_line(err)}") from None
         except Exception as err:  # sqlalchemy and driver errors have no common base
             raise SelfspecError(f"search.storage={spec!r} cannot be opened: {type(err).__name__}: "
                                 f"{_first_line(err)}") from None
@@ -99,18 +107,22 @@ def make_pruner(objective: str, p_threshold: float):
     return optuna.pruners.WilcoxonPruner(p_threshold=p_threshold)
 
 
-def fail_dead_trials(study) -> int:
-    """Mark RUNNING trials whose worker process on this host is gone (killed mid-trial) as FAIL; returns how many.
+def fail_dead_trials(study, storage) -> int:
+    """Mark RUNNING trials whose worker process on this host is gone (killed mid-trial) as FAIL, and queue them
+    again where the storage retries heartbeat-stale trials (RDB); returns how many.
 
     Trials of live workers and of other hosts are left alone (RDB storages also fail them by heartbeat). A trial
     killed before its objective began (while sampling) carries no worker mark and no parameters: it stays RUNNING
     and is ignored, since only complete and pruned trials count."""
     host = socket.gethostname()
+    retry = storage.get_heartbeat_stale_trial_callback() if isinstance(storage, optuna.storages.RDBStorage) else None
     failed = 0
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
         worker_host, _, pid = str(trial.user_attrs.get("worker", "")).rpartition(":")
         if worker_host == host and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
             study.tell(trial.number, state=TrialState.FAIL, skip_if_finished=True)
+            if retry is not None:
+                retry(study, trial)  # reads only the trial's number, parameters and attributes
             failed += 1
     return failed
 

@@ -87,10 +87,13 @@ class ExitPolicyDrafter:
         """Feed tokens[cached:] (not yet in the draft's cache), then draft up to `max_tokens` tokens one at a time.
 
         `next_logits(ids, start) -> (vocab,)` runs the draft model on ids at positions start.. and returns the
-        logits of the last position. Stops after a token whose top draft probability is below the policy's
-        threshold, or after EOS.
+        logits of the last position. Drafts nothing when the policy's plan says so; stops where the policy says
+        (it sees every draft token's top draft probability), after `max_tokens` tokens, or after EOS.
         """
         context, settings = self.context, self.context.settings
+        max_tokens = self.exit_policy.plan(max_tokens)
+        if max_tokens == 0:
+            return Draft()
         history = list(tokens)
         logits = next_logits(history[cached:], cached)  # (vocab,)
         draft = Draft()
@@ -102,7 +105,7 @@ class ExitPolicyDrafter:
             if not settings.greedy:
                 draft.probs.append(probs)
             history.append(token)
-            if (len(draft.tokens) == max_tokens or token == context.eos_token_id
-                    or self.exit_policy.should_stop(float(probs.max()))):
+            if (self.exit_policy.should_stop(float(probs.max())) or len(draft.tokens) == max_tokens
+                    or token == context.eos_token_id):
                 return draft
             logits = next_logits([token], len(history) - 1)

@@ -5,7 +5,8 @@ from selfspec.decoding.drafters.ngram import NGRAM, NgramDrafter
 
 
 class HybridDrafter:
-    """`fallback`'s max_tokens caps the copies too; copies do not move the fallback's draft-exit policy."""
+    """`fallback`'s max_tokens caps the copies too; a verified copy updates the copier, a verified model draft the
+    fallback (their acceptance rates differ, so their draft-exit policies learn apart)."""
 
     def __init__(self, ngram: NgramDrafter, fallback: Drafter):
         self.ngram, self.fallback = ngram, fallback
@@ -31,5 +32,4 @@ class HybridDrafter:
         return draft
 
     def update(self, drafted: int, accepted: int) -> None:
-        if self.last_source != NGRAM:
-            self.fallback.update(drafted, accepted)
+        (self.ngram if self.last_source == NGRAM else self.fallback).update(drafted, accepted)

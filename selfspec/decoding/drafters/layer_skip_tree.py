@@ -12,7 +12,7 @@ from selfspec.models.skip import SkipSet, skipping
 
 
 class SelfTreeDrafter(SelfDrafter):
-    """The layer-skip draft's chain (its draft-exit policy ends it), and wherever the draft's top probability is
+    """The layer-skip draft's chain (its draft-exit policy plans and ends it), and wherever the draft's top probability is
     below `branch_below`, up to `width - 1` more children of the same parent as leaves: the next most likely tokens
     (greedy) or more tokens sampled without replacement (each with the renormalised q it was drawn from). At most
     `nodes` nodes and `depth` levels. Leaves cost no draft forward; the verify forward checks them all at once."""
@@ -32,8 +32,11 @@ class SelfTreeDrafter(SelfDrafter):
         return self.nodes
 
     def draft(self, tokens: list[int], max_tokens: int) -> Draft:
+        depth = self.exit_policy.plan(min(max_tokens, self.depth))
+        if depth == 0:
+            return Draft()
         with skipping(self.model, self.skip):
-            return self.tree_loop(tokens, min(max_tokens, self.depth))
+            return self.tree_loop(tokens, depth)
 
     def tree_loop(self, tokens: list[int], depth: int) -> Draft:
         """Draft the chain one token at a time over the shared cache, branching at unsure positions."""
@@ -54,8 +57,8 @@ class SelfTreeDrafter(SelfDrafter):
                     draft.probs.append(q)
             parent = len(draft.tokens) - len(chosen)  # the chain goes on from the first (most likely) child
             history.append(draft.tokens[parent])
-            if (len(history) - len(tokens) == depth or len(draft.tokens) == self.nodes
-                    or draft.tokens[parent] == context.eos_token_id or self.exit_policy.should_stop(confidence)):
+            if (self.exit_policy.should_stop(confidence) or len(history) - len(tokens) == depth
+                    or len(draft.tokens) == self.nodes or draft.tokens[parent] == context.eos_token_id):
                 return draft
             logits = self.next_logits([draft.tokens[parent]], len(history) - 1)
 

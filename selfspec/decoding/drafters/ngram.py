@@ -2,6 +2,7 @@
 
 import torch
 
+from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.drafters.base import Draft, GenerationContext
 from selfspec.errors import SelfspecError
 
@@ -11,22 +12,26 @@ NGRAM = "ngram"  # Draft.source of copied drafts
 class NgramDrafter:
     """The tokens that followed the latest earlier occurrence of the context's last n tokens (n = ngram_size down
     to 1), at most `num_tokens`. A copied draft is deterministic, so q is one-hot: sampled verification accepts it
-    with probability p(x) and otherwise resamples from p without x. No draft-exit policy: a copy is as long as the
-    match allows."""
+    with probability p(x) and otherwise resamples from p without x. Without an exit policy a copy is as long as the
+    match allows; with one (the cost-aware policy of self_spec_hybrid), each copied token counts as confidence 1.0
+    and the policy cuts the copy where it stops paying."""
 
-    threshold = 0.0
-
-    def __init__(self, model, ngram_size: int = 2, num_tokens: int = 10):
+    def __init__(self, model, ngram_size: int = 2, num_tokens: int = 10, exit_policy: DraftExit | None = None):
         for name, value in (("ngram_size", ngram_size), ("ngram_tokens", num_tokens)):
             if value < 1:
                 raise SelfspecError(f"{name}={value} must be >= 1")
         self.ngram_size, self.num_tokens = ngram_size, num_tokens
         self.vocab_size, self.device = model.get_output_embeddings().weight.shape[0], model.device
+        self.exit_policy = exit_policy
         self.context: GenerationContext | None = None
 
     @property
     def max_tokens(self) -> int:
         return self.num_tokens
+
+    @property
+    def threshold(self) -> float:
+        return self.exit_policy.threshold if self.exit_policy else 0.0
 
     def begin(self, context: GenerationContext) -> None:
         self.context = context
@@ -36,6 +41,8 @@ class NgramDrafter:
         eos = self.context.eos_token_id
         if eos in copied:
             copied = copied[: copied.index(eos) + 1]
+        if self.exit_policy and copied:
+            copied = self._cut(copied)
         if self.context.settings.greedy:
             return Draft(copied, [], NGRAM)
         one_hot = torch.zeros(len(copied), self.vocab_size, device=self.device)  # (k, vocab)
@@ -43,7 +50,15 @@ class NgramDrafter:
         return Draft(copied, list(one_hot), NGRAM)
 
     def update(self, drafted: int, accepted: int) -> None:
-        pass
+        if self.exit_policy:
+            self.exit_policy.update(drafted, accepted)
+
+    def _cut(self, copied: list[int]) -> list[int]:
+        copied = copied[:self.exit_policy.plan(len(copied))]
+        for length in range(1, len(copied) + 1):
+            if self.exit_policy.should_stop(1.0):
+                return copied[:length]
+        return copied
 
 
 def ngram_continuation(tokens: list[int], ngram_size: int, max_tokens: int) -> list[int]:

@@ -21,7 +21,8 @@ class ModelDrafter(ExitPolicyDrafter):
     def draft(self, tokens: list[int], max_tokens: int) -> Draft:
         cached = _common_prefix(self.cached_tokens, tokens, limit=len(tokens) - 1)
         draft = self.draft_loop(self.next_logits, tokens, cached, max_tokens)
-        self.cached_tokens = tokens + draft.tokens[:-1]
+        if draft.tokens:  # an empty draft ran nothing
+            self.cached_tokens = tokens + draft.tokens[:-1]
         return draft
 
 
