@@ -30,7 +30,8 @@ from selfspec.streaming import Chunk, DecodingStats, stream_chunks
 
 # The config's defaults (conf/draft/adaptive.yaml and the draft block of conf/config.yaml), for callers without one.
 DEFAULT_DRAFT = DraftSettings(policy="adaptive", max_tokens=12, beta1=0.5, target_acceptance=0.9, epsilon=0.01,
-                              beta2=0.9, ngram_size=2, ngram_tokens=10)
+                              beta2=0.9, ngram_size=2, ngram_tokens=10, tree_nodes=8, tree_depth=5, tree_width=3,
+                              tree_branch_below=0.6)
 STRATEGIES = tuple(name for name in NAMES if name not in HF_STRATEGIES)  # ours: the ones that stream
 
 Prompt = str | list[dict] | list[int]  # raw text | chat messages ({"role", "content"}) | token ids

@@ -103,6 +103,10 @@ class DraftSettings:
     ngram_tokens: int
     target_gate: Optional[float] = None
     hybrid_policy: Optional[str] = "cost"  # self_spec_hybrid's policy (copies and model drafts); None: `policy`
+    tree_nodes: int  # token-tree strategies (`*_tree`): most nodes per tree, longest branch, most children per node,
+    tree_depth: int
+    tree_width: int
+    tree_branch_below: float  # and the layer-skip draft branches where its top probability is below this
 
     def __post_init__(self):
         one_of("policy", self.policy, POLICIES)
@@ -114,6 +118,9 @@ class DraftSettings:
         at_least("vocab_size", self.vocab_size, 1)
         at_least("ngram_size", self.ngram_size, 1)
         at_least("ngram_tokens", self.ngram_tokens, 1)
+        for name in ("tree_nodes", "tree_depth", "tree_width"):
+            at_least(name, getattr(self, name), 1)
+        in_unit("tree_branch_below", self.tree_branch_below)
 
     @property
     def adaptive_options(self) -> dict:

@@ -21,6 +21,8 @@ class StepRecord(RecordedStep):
     source: str = ""  # which drafter proposed the draft ("model", "ngram"); "" when nothing was drafted
     target_confidence: float = 1.0  # the full model's probability of the token this step emitted last
     gated: bool = False  # drafting skipped: the previous step's target_confidence was at or below draft.target_gate
+    tree_size: int = 0  # nodes of a token-tree draft (then `drafted` too, and `accepted` is the accepted depth); 0: a chain
+    tree_depth: int = 0  # the tree's deepest branch
 
 
 @dataclass

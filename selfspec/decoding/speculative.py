@@ -13,6 +13,7 @@ from selfspec.decoding.drafters import Draft, Drafter, GenerationContext, cut_at
 from selfspec.decoding.prompt_ids import single_prompt
 from selfspec.decoding.results import GenerationResult, StepRecord
 from selfspec.decoding.sampling import SamplingSettings, accept_probability, residual, sample, scores
+from selfspec.decoding.tree import forward_tree, tree_paths, tree_scores, verify_tree_greedy, verify_tree_sampled
 from selfspec.errors import SelfspecError
 from selfspec.models.cache import forward, new_cache
 from selfspec.models.skip import decoder_layers
@@ -108,6 +109,8 @@ def speculative_step(model, context: GenerationContext, tokens: list[int], remai
     k_max = min(drafter.max_tokens, remaining - 1) if drafter is not None and not gated else 0
     draft = drafter.draft(tokens, k_max) if k_max > 0 else Draft()
     t1 = clock(model.device)
+    if draft.parents is not None:
+        return tree_step(model, context, tokens, remaining, drafter, draft, t1 - t0, gated)
     verify_logits = forward(model, context.cache, [tokens[-1]] + draft.tokens, len(tokens) - 1)  # (k+1, vocab)
     target = scores(verify_logits, tokens + draft.tokens, len(tokens), context.processor)  # (k+1, vocab)
     if context.settings.greedy:
@@ -122,5 +125,28 @@ def speculative_step(model, context: GenerationContext, tokens: list[int], remai
                       t1 - t0, clock(model.device) - t1, draft.source if draft.tokens else "", confidence, gated)
     if draft.tokens:
         drafter.update(len(draft.tokens), accepted)
+    return new, step
+
+
+def tree_step(model, context: GenerationContext, tokens: list[int], remaining: int, drafter: Drafter, draft: Draft,
+              draft_s: float, gated: bool) -> tuple[list[int], StepRecord]:
+    """Verify a token-tree draft in one full-model forward (decoding/tree.py), keep its longest accepted path plus one
+    token, and move that path's cache entries next to the prefix."""
+    t1 = clock(model.device)
+    logits = forward_tree(model, context.cache, tokens[-1], draft, len(tokens) - 1)  # (n+1, vocab)
+    target = tree_scores(logits, tokens, draft, context.processor)  # (n+1, vocab)
+    if context.settings.greedy:
+        path, next_token = verify_tree_greedy(draft, target)
+    else:
+        path, next_token = verify_tree_sampled(draft, torch.softmax(target, dim=-1), context.generator)
+    new = cut_at_end(([draft.tokens[i] for i in path] + [next_token])[:remaining], context.end_ids)
+    context.cache.compact(len(tokens), [len(tokens) + i for i in path[:len(new) - 1]])
+    row = path[-1] + 1 if path else 0  # the row that predicted next_token
+    confidence = float(torch.softmax(target[row], dim=-1)[next_token])
+    depth = max(len(p) for p in tree_paths(draft.parents))
+    step = StepRecord(len(draft.tokens), len(path), len(new), drafter.threshold, draft_s, clock(model.device) - t1,
+                      draft.source if draft.tokens else "", confidence, gated, len(draft.tokens), depth)
+    if draft.tokens:
+        drafter.update(depth, len(path))
     return new, step
 

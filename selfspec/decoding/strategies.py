@@ -4,7 +4,9 @@ Names: `plain`; `self_spec` (the configured draft exit) or `self_spec_<fixed|thr
 `self_spec_searched` (the configured exit with the searched skip set and draft vocabulary, `searched_skip`);
 `self_spec_hybrid` (an n-gram copy from the context when there is one, else the layer-skip draft; both under
 `draft.hybrid_policy`, the cost-aware exit unless set otherwise); `prompt_lookup` (n-gram copies only); `two_model` (needs `draft_model`); `kangaroo` (needs
-`kangaroo.adapter_path`); the HF generate baselines `hf_*` (see hf_baselines.py). Every drafting strategy
+`kangaroo.adapter_path`); the HF generate baselines `hf_*` (see hf_baselines.py). Token trees (decoding/tree.py,
+`draft.tree_*`): `prompt_lookup_tree` (several n-gram copies in a trie) and `self_spec_tree` (that trie when the
+context has matches, else the layer-skip draft branching where it is unsure). Every drafting strategy
 takes `draft.target_gate`.
 """
 
@@ -16,7 +18,7 @@ import torch
 from selfspec.cost_model import CostMeter
 from selfspec.decoding.draft_exit import make_exit_policy
 from selfspec.decoding.drafters import (Drafter, HybridDrafter, KangarooDrafter, ModelDrafter, NgramDrafter,
-                                        SelfDrafter)
+                                        NgramTreeDrafter, SelfDrafter, SelfTreeDrafter)
 from selfspec.decoding.hf_baselines import HF_STRATEGIES, HFStrategy, make_hf_strategy
 from selfspec.decoding.results import GenerationResult, StepRecord
 from selfspec.decoding.sampling import SamplingSettings
@@ -28,7 +30,7 @@ from selfspec.models.skip import SkipSet, decoder_layers
 from selfspec.settings import POLICIES, DraftSettings, HFSettings, KangarooSettings
 
 NAMES = ("plain", "self_spec", *(f"self_spec_{p}" for p in (*POLICIES, "searched", "hybrid")), "prompt_lookup",
-         "two_model", "kangaroo", *HF_STRATEGIES)
+         "two_model", "kangaroo", *HF_STRATEGIES, "prompt_lookup_tree", "self_spec_tree")
 
 
 @dataclass
@@ -94,6 +96,13 @@ def make_strategy(name: str, model, settings: SamplingSettings, end_ids: tuple[i
         drafter = HybridDrafter(copier, SelfDrafter(model, skip, exit_policy(skip, draft_head), draft_head))
     elif name == "prompt_lookup":
         drafter = NgramDrafter(model, draft.ngram_size, draft.ngram_tokens)
+    elif name == "prompt_lookup_tree":
+        drafter = NgramTreeDrafter(model, draft.ngram_size, draft.tree_nodes, draft.tree_depth, draft.tree_width)
+    elif name == "self_spec_tree":
+        drafter = HybridDrafter(
+            NgramTreeDrafter(model, draft.ngram_size, draft.tree_nodes, draft.tree_depth, draft.tree_width),
+            SelfTreeDrafter(model, skip, exit_policy(skip, draft_head), draft_head, draft.tree_nodes, draft.tree_depth,
+                            draft.tree_width, draft.tree_branch_below))
     elif name == "two_model":
         if draft_model is None:
             raise SelfspecError("strategy two_model needs a draft model: set draft_model=<option>, e.g. draft_model=tiny_llama")

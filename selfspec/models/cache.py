@@ -44,6 +44,17 @@ class RewindableLayer(DynamicLayer):
     def get_seq_length(self) -> int:
         return self.length
 
+    @torch.inference_mode()  # the buffers were made inside the forward's inference mode
+    def compact(self, first: int, sources: list[int]) -> None:
+        """Move the entries at positions `sources` (ascending, each at or after its destination) to first, first + 1,
+        ..., then rewind to just after them."""
+        end = first + len(sources)
+        if self.is_initialized and sources:
+            index = torch.tensor(sources, device=self.key_buffer.device)
+            self.key_buffer[:, :, first:end] = self.key_buffer[:, :, index]  # indexing copies: overlap is safe
+            self.value_buffer[:, :, first:end] = self.value_buffer[:, :, index]
+        self.rewind(end)
+
 
 class RewindableCache(Cache):
     def __init__(self, num_layers: int, max_len: int):
@@ -54,6 +65,12 @@ class RewindableCache(Cache):
         """Make `length` the valid prefix on every layer: the next forward writes at position `length`."""
         for layer in self.layers:
             layer.rewind(length)
+
+    def compact(self, first: int, sources: list[int]) -> None:
+        """Keep a token tree's accepted path: the entries at `sources` move to positions first.. on every layer, and
+        the cache is rewound to just after them (decoding/tree.py)."""
+        for layer in self.layers:
+            layer.compact(first, sources)
 
 
 def new_cache(model, max_len: int) -> RewindableCache:

@@ -2,8 +2,8 @@
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-from transformers import (Gemma2Config, Gemma2ForCausalLM, LlamaConfig, LlamaForCausalLM,
-                          PreTrainedTokenizerFast)
+from transformers import (Gemma2Config, Gemma2ForCausalLM, Gemma3ForCausalLM, Gemma3TextConfig, LlamaConfig,
+                          LlamaForCausalLM, PreTrainedTokenizerFast)
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>"]  # ids 0, 1, 2; bytes follow
 CHAT_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
@@ -23,7 +23,8 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
 
 def tiny_model(family: str, num_layers: int = 4, hidden_size: int = 64, sliding_window: int = 16,
                seed: int = 0, init_std: float = 0.2):
-    """A tiny Llama or Gemma-2 model. A large `init_std` spreads the logits, so greedy choices are not near-ties."""
+    """A tiny Llama, Gemma-2 or Gemma-3 (text) model. A large `init_std` spreads the logits, so greedy choices are not
+    near-ties. Gemma-3's layers alternate as sliding, sliding, full."""
     common = dict(vocab_size=len(SPECIAL_TOKENS) + 256, hidden_size=hidden_size,
                   intermediate_size=2 * hidden_size, num_hidden_layers=num_layers, num_attention_heads=4,
                   num_key_value_heads=2, head_dim=hidden_size // 4, max_position_embeddings=4096,
@@ -34,4 +35,9 @@ def tiny_model(family: str, num_layers: int = 4, hidden_size: int = 64, sliding_
     if family == "gemma2":
         config = Gemma2Config(**common, sliding_window=sliding_window, query_pre_attn_scalar=hidden_size // 4)
         return Gemma2ForCausalLM(config).eval()
-    raise ValueError(f"unknown tiny model family {family!r}; allowed: llama, gemma2")
+    if family == "gemma3":
+        layer_types = ["full_attention" if i % 3 == 2 else "sliding_attention" for i in range(num_layers)]
+        config = Gemma3TextConfig(**common, sliding_window=sliding_window, layer_types=layer_types,
+                                  query_pre_attn_scalar=hidden_size // 4)
+        return Gemma3ForCausalLM(config).eval()
+    raise ValueError(f"unknown tiny model family {family!r}; allowed: llama, gemma2, gemma3")

@@ -4,14 +4,19 @@
 `ModelDrafter` (two_model.py) is classic speculative decoding with a separate small model and its own cache.
 `NgramDrafter` (ngram.py) copies from the context (prompt lookup); `HybridDrafter` (hybrid.py) takes such a copy
 when there is one and a model draft otherwise; `KangarooDrafter` (kangaroo.py) drafts by double early exit.
+Token trees (decoding/tree.py): `NgramTreeDrafter` (ngram_tree.py) merges several copies into a trie;
+`SelfTreeDrafter` (layer_skip_tree.py) branches the layer-skip draft where it is unsure.
 """
 
 from selfspec.decoding.drafters.base import Draft, Drafter, ExitPolicyDrafter, GenerationContext, cut_at_end
 from selfspec.decoding.drafters.hybrid import HybridDrafter
 from selfspec.decoding.drafters.kangaroo import KangarooDrafter
 from selfspec.decoding.drafters.layer_skip import SelfDrafter
+from selfspec.decoding.drafters.layer_skip_tree import SelfTreeDrafter
 from selfspec.decoding.drafters.ngram import NGRAM, NgramDrafter, ngram_continuation
+from selfspec.decoding.drafters.ngram_tree import NgramTreeDrafter, ngram_continuations
 from selfspec.decoding.drafters.two_model import ModelDrafter
 
 __all__ = ["Draft", "Drafter", "ExitPolicyDrafter", "GenerationContext", "HybridDrafter", "KangarooDrafter",
-           "ModelDrafter", "NGRAM", "NgramDrafter", "SelfDrafter", "cut_at_end", "ngram_continuation"]
+           "ModelDrafter", "NGRAM", "NgramDrafter", "NgramTreeDrafter", "SelfDrafter", "SelfTreeDrafter",
+           "cut_at_end", "ngram_continuation", "ngram_continuations"]

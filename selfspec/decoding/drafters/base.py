@@ -37,6 +37,8 @@ class Draft:
     tokens: list[int] = field(default_factory=list)
     probs: list[torch.Tensor] = field(default_factory=list)  # each (vocab,): q, for sampled verification
     source: str = "model"  # "model" (a model's own draft) or "ngram" (copied from the context)
+    parents: list[int] | None = None  # a token tree (decoding/tree.py): per token its parent's index, -1 the last
+    # context token, parents before children; probs[i] is the q token i was drawn from. None: a chain
 
 
 class Drafter(Protocol):
@@ -54,7 +56,8 @@ class Drafter(Protocol):
         """A new generation starts: its cache, sampling settings, generator and end ids."""
 
     def draft(self, tokens: list[int], max_tokens: int) -> Draft:
-        """Up to `max_tokens` tokens to follow `tokens`; all but the last of `tokens` are in the cache."""
+        """Up to `max_tokens` tokens to follow `tokens`; all but the last of `tokens` are in the cache. For a tree
+        drafter `max_tokens` caps the depth of its branches; its node budget is its `max_tokens` property."""
 
     def update(self, drafted: int, accepted: int) -> None:
         """The full model accepted `accepted` of the `drafted` tokens of the last draft."""

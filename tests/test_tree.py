@@ -1,0 +1,241 @@
+"""Token trees: masks, greedy losslessness over random trees and the tree drafters, the cache after a tree step."""
+
+import random
+
+import pytest
+import torch
+
+from selfspec.decoding.draft_exit import DraftExit, ThresholdExit
+from selfspec.decoding.drafters import (Draft, GenerationContext, HybridDrafter, NgramTreeDrafter, SelfDrafter,
+                                        SelfTreeDrafter, ngram_continuations)
+from selfspec.decoding.drafters.ngram_tree import add_branch
+from selfspec.decoding.sampling import SamplingSettings
+from selfspec.decoding.speculative import generate, prefill, speculative_step
+from selfspec.decoding.strategies import make_strategy
+from selfspec.decoding.tree import forward_tree, tree_attention_mask
+from selfspec.errors import SelfspecError
+from selfspec.models.cache import forward, new_cache
+from selfspec.models.skip import SkipSet, make_skip_set
+from selfspec.models.tiny import tiny_model
+
+from conftest import run_settings
+from test_decoding import hf_greedy
+
+WINDOW = 8  # sliding window of the tiny Gemma models: shorter than every test sequence
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models are overhead-bound: a second thread only adds contention on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma2", "gemma3"])
+def model(request):
+    return tiny_model(request.param, num_layers=4, sliding_window=WINDOW).double()
+
+
+class RandomTreeDrafter:
+    """Random trees around a known continuation `truth`: each node hangs under a random earlier node (or the
+    root) and, while its path is still true, is the true next token with probability `p_true`, else a random
+    token. With `obey_depth=False` it ignores the depth asked for, so branches run past max_new_tokens."""
+    threshold = 0.0
+
+    def __init__(self, truth: list[int], seed: int, nodes: int = 8, obey_depth: bool = True, p_true: float = 0.5):
+        self.truth, self.rng, self.nodes, self.obey_depth = truth, random.Random(seed), nodes, obey_depth
+        self.p_true = p_true
+
+    @property
+    def max_tokens(self) -> int:
+        return self.nodes
+
+    def begin(self, context):
+        self.context = context
+
+    def draft(self, tokens, max_tokens):
+        draft, paths = Draft(parents=[]), {-1: []}
+        for i in range(self.rng.randint(1, self.nodes)):
+            parent = self.rng.randint(-1, i - 1)
+            if self.obey_depth and len(paths[parent]) >= max_tokens:
+                parent = -1
+            path = paths[parent] + [i]
+            at = len(tokens) + len(path) - 1
+            on_truth = tokens + [draft.tokens[j] for j in paths[parent]] == self.truth[:at]
+            true_next = on_truth and at < len(self.truth) and self.rng.random() < self.p_true
+            draft.tokens.append(self.truth[at] if true_next else self.rng.randrange(3, 259))
+            draft.parents.append(parent)
+            paths[i] = path
+        return draft
+
+    def update(self, drafted, accepted):
+        pass
+
+
+def test_tree_mask_shows_each_node_the_prefix_its_ancestors_and_itself():
+    parents = [-1, -1, 0, 2, 1]  # two branches from the root: 0 -> 2 -> 3 and 1 -> 4
+    allowed = tree_attention_mask(parents, 3, torch.float64, "cpu")[0, 0] == 0  # (6, 9)
+    expected = [[1, 1, 1, 1, 0, 0, 0, 0, 0],
+                [1, 1, 1, 1, 1, 0, 0, 0, 0],
+                [1, 1, 1, 1, 0, 1, 0, 0, 0],
+                [1, 1, 1, 1, 1, 0, 1, 0, 0],
+                [1, 1, 1, 1, 1, 0, 1, 1, 0],
+                [1, 1, 1, 1, 0, 1, 0, 0, 1]]
+    assert allowed.int().tolist() == expected
+    sliding = tree_attention_mask(parents, 3, torch.float64, "cpu", sliding_window=3)[0, 0] == 0
+    # node 3 (row 4) is at position 3 + 3 = 6 and sees positions 4..6: its ancestors at 4 and 5, not the prefix
+    assert sliding[4].int().tolist() == [0, 0, 0, 0, 1, 0, 1, 1, 0]
+    assert sliding[0].int().tolist() == [0, 1, 1, 1, 0, 0, 0, 0, 0]  # the root at position 3 sees 1..3
+    with pytest.raises(ValueError, match="node 1 has parent 1"):
+        tree_attention_mask([-1, 1], 3, torch.float64, "cpu")
+
+
+def test_a_chain_shaped_tree_gives_the_chain_forwards_logits_past_the_sliding_window(model, prompt):
+    tokens = prompt + list(range(40, 60))  # longer than the window
+    chain, tree = new_cache(model, 64), new_cache(model, 64)
+    forward(model, chain, tokens[:-1], 0)
+    forward(model, tree, tokens[:-1], 0)
+    drafts = [70, 71, 72, 73]
+    expected = forward(model, chain, [tokens[-1]] + drafts, len(tokens) - 1)
+    logits = forward_tree(model, tree, tokens[-1], Draft(drafts, parents=[-1, 0, 1, 2]), len(tokens) - 1)
+    torch.testing.assert_close(logits, expected)
+
+
+def plain_output(model, prompt, n=30):
+    return generate(model, prompt, SamplingSettings(max_new_tokens=n)).new_tokens
+
+
+@pytest.fixture(scope="module")
+def plain(model, tokenizer):
+    """30 tokens of plain greedy decoding after conftest's `prompt`, once per model."""
+    return plain_output(model, tokenizer("def fibonacci(n):\n    ").input_ids)
+
+
+def test_random_trees_keep_greedy_output_and_accept_deep_and_later_branches(model, prompt, plain):
+    assert plain == hf_greedy(model, prompt, 30)  # our plain loop is the reference, past the sliding window too
+    for seed in range(2):
+        result = generate(model, prompt, SamplingSettings(max_new_tokens=30),
+                          RandomTreeDrafter(prompt + plain, seed))
+        assert result.new_tokens == plain, seed
+        assert max(s.accepted for s in result.steps) >= 2
+        assert all(s.tree_size == s.drafted and s.accepted <= s.tree_depth for s in result.steps)
+
+
+def test_eos_inside_a_branch_ends_the_output_there(model, prompt, plain):
+    eos = plain[12]
+    expected = plain[: plain.index(eos) + 1]
+    cut_inside = 0
+    for seed in range(3):
+        drafter = RandomTreeDrafter(prompt + plain, seed, p_true=0.9)
+        result = generate(model, prompt, SamplingSettings(max_new_tokens=30), drafter, end_ids=(eos,))
+        assert result.new_tokens == expected
+        cut_inside += result.steps[-1].accepted >= result.steps[-1].emitted  # accepted drafts after EOS dropped
+    assert cut_inside > 0
+
+
+def test_max_new_tokens_cuts_a_branch_that_runs_past_it(model, prompt, plain):
+    cut_inside = 0
+    for n in (1, 3, 7):
+        for seed in range(2):
+            settings = SamplingSettings(max_new_tokens=n)
+            for obey_depth in (False, True):
+                drafter = RandomTreeDrafter(prompt + plain, seed, obey_depth=obey_depth, p_true=0.9)
+                result = generate(model, prompt, settings, drafter)
+                assert result.new_tokens == plain[:n]
+                cut_inside += bool(result.steps) and result.steps[-1].accepted >= result.steps[-1].emitted
+    assert cut_inside > 0
+
+
+def test_cache_after_every_tree_step_equals_plain_decodings_cache(model, prompt, plain):
+    context = GenerationContext(new_cache(model, 80), SamplingSettings(max_new_tokens=30))
+    drafter = RandomTreeDrafter(prompt + plain, 0)
+    drafter.begin(context)
+    tokens = prompt + [prefill(model, context, prompt)[0]]
+    # eager attention (Gemma-2) takes its softmax in float32: masked-out siblings between a node's keys change its
+    # summation order, ~1e-7; sdpa (Llama, Gemma-3) stays in float64 and matches to rounding
+    tolerance = dict(rtol=1e-5, atol=1e-5) if model.config._attn_implementation == "eager" else {}
+    while len(tokens) - len(prompt) < 30:
+        new, _ = speculative_step(model, context, tokens, 30 - (len(tokens) - len(prompt)), drafter)
+        tokens += new
+        kept = len(tokens) - 1  # the last token is fed by the next step
+        fresh = new_cache(model, 80)
+        forward(model, fresh, tokens[:-1], 0)
+        for mine, ref in zip(context.cache.layers, fresh.layers):
+            assert mine.get_seq_length() == kept
+            torch.testing.assert_close(mine.keys, ref.keys, **tolerance)
+            torch.testing.assert_close(mine.values, ref.values, **tolerance)
+    assert tokens[len(prompt):] == plain
+
+
+def test_tree_drafters_keep_greedy_output_for_several_skip_sets(model, tokenizer):
+    prompt = tokenizer("def fib(n):\n    return fib(n - 1) + fib(n - 2)\n\ndef fib").input_ids  # repeats to copy
+    rng = random.Random(2)
+    for settings, configs in ((SamplingSettings(max_new_tokens=20), 2),
+                              (SamplingSettings(max_new_tokens=20, repetition_penalty=1.3), 1)):
+        plain = generate(model, prompt, settings).new_tokens
+        for _ in range(configs):
+            skip = make_skip_set(rng.sample(range(4), rng.randint(0, 2)), rng.sample(range(4), rng.randint(1, 2)), 4)
+            nodes, depth, width = rng.randint(2, 8), rng.randint(1, 5), rng.randint(1, 3)
+            tree = SelfTreeDrafter(model, skip, ThresholdExit(8, 0.3), None, nodes, depth, width, rng.random())
+            ngram = NgramTreeDrafter(model, rng.randint(1, 3), nodes, depth, width)
+            for drafter in (tree, ngram, HybridDrafter(ngram, tree)):
+                result = generate(model, prompt, settings, drafter)
+                assert result.new_tokens == plain, (skip, nodes, depth, width, drafter)
+                assert all(s.tree_size <= nodes and s.tree_depth <= depth for s in result.steps)
+
+
+def test_layer_skip_tree_branches_only_where_the_draft_is_unsure(prompt):
+    model = tiny_model("llama", num_layers=4).double()
+    skip = make_skip_set([1], [2], 4)
+    context = GenerationContext(new_cache(model, 64), SamplingSettings(max_new_tokens=30))
+    tokens = prompt + [prefill(model, context, prompt)[0]]
+    chain = SelfDrafter(model, skip, DraftExit(4))
+    never = SelfTreeDrafter(model, skip, DraftExit(4), nodes=12, depth=4, width=3, branch_below=0.0)
+    always = SelfTreeDrafter(model, skip, DraftExit(4), nodes=12, depth=4, width=3, branch_below=1.0)
+    for drafter in (chain, never, always):
+        drafter.begin(context)
+    expected = chain.draft(tokens, 4).tokens
+    assert never.draft(tokens, 4) == Draft(expected, [], "model", [-1, 0, 1, 2])
+    wide = always.draft(tokens, 4)
+    assert wide.parents == [-1, -1, -1, 0, 0, 0, 3, 3, 3, 6, 6, 6]
+    assert [wide.tokens[i] for i in (0, 3, 6, 9)] == expected  # the chain runs through the first children
+    assert always.draft(tokens, 2).parents == [-1, -1, -1, 0, 0, 0]  # the depth asked for caps it
+
+
+    class NoDraft(DraftExit):
+        def plan(self, max_tokens):
+            return 0  # as the cost-aware exit does where drafting does not pay
+
+    idle = SelfTreeDrafter(model, skip, NoDraft(4), nodes=12, depth=4, width=3, branch_below=1.0)
+    idle.begin(context)
+    assert idle.draft(tokens, 4) == Draft()
+
+
+def test_ngram_trie_merges_distinct_continuations_within_its_budget():
+    tokens = [5, 6, 7, 8, 9, 5, 6, 7, 3, 5, 6, 4, 4, 5, 6]
+    # after (5, 6): latest first 4 4 5 6, then 7 3 5 6, then 7 8 9 5; then the 1-gram (6,) adds nothing new
+    assert ngram_continuations(tokens, 2, 4, limit=8) == [[4, 4, 5, 6], [7, 3, 5, 6], [7, 8, 9, 5]]
+    assert ngram_continuations(tokens, 2, 4, limit=2) == [[4, 4, 5, 6], [7, 3, 5, 6]]
+    draft = Draft(parents=[])
+    for branch in ([4, 4, 5, 6], [7, 3, 5, 6], [7, 8, 9, 5], [1, 2]):
+        add_branch(draft, branch, nodes=10, width=2)
+    assert draft.tokens == [4, 4, 5, 6, 7, 3, 5, 6, 8, 9] and draft.parents == [-1, 0, 1, 2, -1, 4, 5, 6, 4, 8]
+    # the root already has two children, so [1, 2] was dropped; the budget cut 7 8 9 5 after 9
+
+
+def test_tree_strategies_and_settings(prompt):
+    model = tiny_model("llama", num_layers=4).double()
+    settings = run_settings("draft.tree_nodes=5", "draft.tree_depth=3")
+    plain = plain_output(model, prompt, 20)
+    for name in ("prompt_lookup_tree", "self_spec_tree"):
+        strategy = make_strategy(name, model, SamplingSettings(max_new_tokens=20), (), SkipSet((1,), (2,)),
+                                 settings.draft)
+        result = strategy.generate(prompt)
+        assert result.new_tokens == plain
+        assert all(s.tree_size <= 5 and s.tree_depth <= 3 for s in result.steps)
+    for key, message in (("draft.tree_width=0", "tree_width=0 must be >= 1"),
+                         ("draft.tree_branch_below=1.5", r"tree_branch_below=1.5 is outside \[0, 1\]")):
+        with pytest.raises(SelfspecError, match=message):
+            run_settings(key)

@@ -1,0 +1,176 @@
+"""Sampled token-tree verification (SpecInfer's multi-candidate rule) is distributed exactly as plain sampling."""
+
+from collections import defaultdict
+from itertools import permutations
+
+import pytest
+import torch
+
+from selfspec.decoding import tree
+from selfspec.decoding.draft_exit import DraftExit
+from selfspec.decoding.drafters import Draft, HybridDrafter, NgramTreeDrafter, SelfTreeDrafter
+from selfspec.decoding.drafters.layer_skip_tree import branches
+from selfspec.decoding.sampling import SamplingSettings
+from selfspec.decoding.speculative import generate
+from selfspec.decoding.tree import verify_tree_sampled
+from selfspec.models.skip import make_skip_set
+from selfspec.models.tiny import tiny_model
+
+from test_decoding import chi_square_pvalue, exact_pair_distribution
+
+V = 4  # vocabulary of the analytic test
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models are overhead-bound: a second thread only adds contention on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def random_distribution(gen, zeros: int = 0) -> torch.Tensor:
+    d = torch.rand(V, generator=gen, dtype=torch.float64)
+    d[torch.randperm(V, generator=gen)[:zeros]] = 0.0
+    return d / d.sum()
+
+
+def without_replacement(q: torch.Tensor, k: int):
+    """Every ordered draw of k distinct tokens from q as `branches` samples them: (tokens, probability, each's q)."""
+    draws = []
+    for tokens in permutations(range(V), k):
+        probability, qs, rest = 1.0, [], q
+        for t in tokens:
+            probability *= float(rest[t])
+            qs.append(rest)
+            rest = rest.clone()
+            rest[t] = 0.0
+            rest = rest / rest.sum() if rest.sum() > 0 else rest
+        if probability > 0:
+            draws.append((tokens, probability, qs))
+    return draws
+
+
+def step_distribution(draft: Draft, p: torch.Tensor, monkeypatch) -> dict[tuple, float]:
+    """The exact distribution of what `verify_tree_sampled` emits (accepted path tokens + next token), found by
+    running it under every sequence of accept/reject outcomes, each weighted by its probability."""
+    emitted, pending = defaultdict(float), [[]]
+    while pending:
+        script, taken, weight, final = pending.pop(), [], [1.0], []
+
+        def coin(probability, generator):
+            if len(taken) < len(script):
+                outcome = script[len(taken)]
+            else:
+                outcome = False
+                pending.append(taken + [True])  # the other outcome, run later
+            taken.append(outcome)
+            weight[0] *= float(probability) if outcome else 1 - float(probability)
+            return outcome
+
+        monkeypatch.setattr(tree, "coin", coin)
+        monkeypatch.setattr(tree, "sample", lambda target, generator: final.append(target) or -1)
+        path, _ = verify_tree_sampled(draft, p, None)
+        accepted = tuple(draft.tokens[i] for i in path)
+        for token, probability in enumerate(final[0].tolist()):
+            emitted[accepted + (token,)] += weight[0] * probability
+    return emitted
+
+
+def first_two_tokens(draft_cases, p0, p1, monkeypatch) -> torch.Tensor:
+    """(V, V) joint distribution of the first two new tokens, over the drafts (each with its probability); when a
+    step emits one token, the next step samples the second from p1."""
+    joint = torch.zeros(V, V, dtype=torch.float64)
+    for draft, probability in draft_cases:
+        p = torch.stack([p0] + [p1[draft.tokens[i]] if parent == -1 else torch.full((V,), 1.0 / V, dtype=torch.float64)
+                                for i, parent in enumerate(draft.parents)])  # (n+1, V): level 2 rows do not matter here
+        for tokens, weight in step_distribution(draft, p, monkeypatch).items():
+            if len(tokens) >= 2:
+                joint[tokens[0], tokens[1]] += probability * weight
+            else:
+                joint[tokens[0]] += probability * weight * p1[tokens[0]]
+    return joint
+
+
+def layer_skip_trees(q0, q1):
+    """Two root children drawn without replacement from q0; the first gets two children from q1[its token]."""
+    cases = []
+    for (a, b), pa, (qa, qb) in without_replacement(q0, 2):
+        for (c, d), pc, (qc, qd) in without_replacement(q1[a], 2):
+            cases.append((Draft([a, b, c, d], [qa, qb, qc, qd], "model", [-1, -1, 0, 0]), pa * pc))
+    return cases
+
+
+def one_hot(token: int) -> torch.Tensor:
+    return torch.eye(V, dtype=torch.float64)[token]
+
+
+def mixed_trees(q0, q1):
+    """A copy (one-hot q) first, then a root child sampled from q0 (it may repeat the copy), with a child from q1."""
+    return [(Draft([1, y, z], [one_hot(1), q0, q1[y]], "model", [-1, -1, 1]), float(q0[y] * q1[y][z]))
+            for y in range(V) for z in range(V) if q0[y] * q1[y][z] > 0]
+
+
+def test_multi_candidate_rule_emits_exactly_the_target_distribution(monkeypatch):
+    gen = torch.Generator().manual_seed(0)
+    for trial in range(3):
+        p0, q0 = random_distribution(gen, zeros=trial % 2), random_distribution(gen, zeros=1)
+        p1 = torch.stack([random_distribution(gen, zeros=trial % 2) for _ in range(V)])
+        q1 = torch.stack([random_distribution(gen, zeros=1) for _ in range(V)])
+        exact = p0[:, None] * p1  # (V, V): plain sampling of two tokens
+        copies = [(Draft([0, 2, 1], [one_hot(0), one_hot(2), one_hot(1)], "ngram", [-1, -1, 0]), 1.0)]
+        for cases in (layer_skip_trees(q0, q1), copies, mixed_trees(q0, q1)):
+            torch.testing.assert_close(first_two_tokens(cases, p0, p1, monkeypatch), exact)
+    # the enumeration can tell: forgetting to take a rejected candidate's q out of p is off
+    monkeypatch.setattr(tree, "residual", lambda p, q: p)
+    assert not torch.allclose(first_two_tokens(layer_skip_trees(q0, q1), p0, p1, monkeypatch), exact)
+
+
+def test_sampled_branches_are_distinct_with_the_renormalised_q_each_was_drawn_from():
+    probs = torch.tensor([0.5, 0.3, 0.2, 0.0], dtype=torch.float64)
+    chosen = branches(probs, 4, greedy=False, generator=torch.Generator().manual_seed(0))
+    tokens = [t for t, _ in chosen]
+    assert len(tokens) == 3 and len(set(tokens)) == 3 and 3 not in tokens  # stops once q has no mass left
+    rest = probs.clone()
+    for token, q in chosen:
+        torch.testing.assert_close(q, rest / rest.sum())
+        rest[token] = 0.0
+    assert branches(probs, 3, greedy=True, generator=None) == [(0, None), (1, None), (2, None)]
+
+
+def tree_counts(drafter, prompt, n, seed):
+    """Counts of (new token 2, new token 3), both decided by one tree step after the prefill's token; and the draft
+    sources of the steps that branched (more nodes than their deepest branch)."""
+    settings = SamplingSettings(temperature=1.0, top_k=3, max_new_tokens=3)
+    gen, counts, branched = torch.Generator().manual_seed(seed), defaultdict(int), set()
+    for _ in range(n):
+        result = generate(MODEL, prompt, settings, drafter, generator=gen)
+        counts[tuple(result.new_tokens[1:3])] += 1
+        branched |= {s.source for s in result.steps if s.tree_size > s.tree_depth}
+    return counts, branched
+
+
+MODEL = tiny_model("llama", num_layers=2, hidden_size=32, seed=3, init_std=0.3).double()
+# the first new token is mostly 253, whose earlier occurrences are followed by 253, 157 and 44: a 3-way n-gram trie
+COPY_PROMPT = [253, 44, 157, 253, 157, 166, 157, 157, 157, 253]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drafter_kind", ["self_tree", "hybrid_tree"])
+def test_sampled_tree_verification_matches_plain_sampling_and_a_broken_rule_fails(drafter_kind, monkeypatch):
+    """Chi-square goodness of fit of (token 2, token 3) against the exact distribution of plain sampling: the
+    layer-skip tree (always two sampled children at each level), and the hybrid (n-gram tries of one-hot copies when
+    the first token has earlier occurrences, else that layer-skip tree). Leaving out the residual update fails."""
+    skip_tree = SelfTreeDrafter(MODEL, make_skip_set([], [1], 2), DraftExit(2), nodes=6, depth=2, width=2,
+                                branch_below=1.0)
+    drafter, prompt, sources = {"self_tree": (skip_tree, [5, 40, 77], {"model"}),
+                                "hybrid_tree": (HybridDrafter(NgramTreeDrafter(MODEL, 2, 6, 2, 3), skip_tree),
+                                                COPY_PROMPT, {"model", "ngram"})}[drafter_kind]
+    exact = exact_pair_distribution(MODEL, prompt, SamplingSettings(temperature=1.0, top_k=3, max_new_tokens=3))
+    counts, branched = tree_counts(drafter, prompt, 2000, seed=0)
+    assert set(counts) <= set(exact) and branched == sources
+    assert chi_square_pvalue(counts, exact) > 0.001
+    monkeypatch.setattr(tree, "residual", lambda p, q: p)
+    broken, _ = tree_counts(drafter, prompt, 500, seed=1)
+    assert chi_square_pvalue(broken, exact) < 0.001
