@@ -1,5 +1,8 @@
 """End of turn as the model defines it: every strategy, and every draft, stops at any of the model's end ids."""
 
+from dataclasses import replace
+
+from selfspec.decoder import DEFAULT_DRAFT
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.drafters import GenerationContext, KangarooDrafter, ModelDrafter, NgramDrafter
 from selfspec.decoding.sampling import SamplingSettings
@@ -10,10 +13,10 @@ from selfspec.models.kangaroo_adapter import new_adapter
 from selfspec.models.loading import load_model, model_end_ids
 from selfspec.models.skip import make_skip_set
 from selfspec.models.tiny import byte_tokenizer, tiny_model
-from selfspec.settings import DraftSettings, ModelSettings
+from selfspec.settings import ModelSettings
 
 GREEDY = SamplingSettings(max_new_tokens=42)
-DRAFT = DraftSettings(policy="fixed", max_tokens=6, ngram_size=2, ngram_tokens=8)
+DRAFT = replace(DEFAULT_DRAFT, policy="fixed", max_tokens=6, ngram_tokens=8)
 
 
 def two_end_ids(tokens: list[int]) -> tuple[tuple[int, ...], list[int]]:

@@ -2,11 +2,13 @@
 and the answers written in Spec-Bench's model_answer format."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from selfspec.conversation import answer_text, check_multi_turn
 from selfspec.data import Prompt, encode_prompt
+from selfspec.decoder import DEFAULT_DRAFT
 from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.strategies import Strategy, make_strategy
 from selfspec.errors import SelfspecError
@@ -14,7 +16,6 @@ from selfspec.evaluate import evaluate
 from selfspec.models.skip import SkipSet
 from selfspec.models.tiny import tiny_model
 from selfspec.records import read_records
-from selfspec.settings import DraftSettings
 from selfspec.spec_bench import write_answers
 
 EOS = (2,)
@@ -25,7 +26,7 @@ PROMPTS = [Prompt("81", "writing", ("Write a poem about rain.", "Now make it sho
 def tiny_strategies(model, max_new_tokens=12):
     """plain, a self-speculative strategy and `short` (plain decoding with fewer tokens: an answer of its own)."""
     sampling = SamplingSettings(max_new_tokens=max_new_tokens)
-    draft = DraftSettings(policy="fixed", max_tokens=3, ngram_size=2, ngram_tokens=10)
+    draft = replace(DEFAULT_DRAFT, policy="fixed", max_tokens=3, ngram_tokens=10)
     return [Strategy("plain", model, sampling, EOS),
             make_strategy("self_spec_fixed", model, sampling, EOS, SkipSet(attn=(2,), mlp=(3,)), draft),
             Strategy("short", model, SamplingSettings(max_new_tokens=5), EOS)]

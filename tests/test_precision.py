@@ -2,6 +2,7 @@
 assumed; every timer reads one clock that waits for CUDA."""
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -9,13 +10,13 @@ import torch
 
 from selfspec import timing
 from selfspec.data import encode_prompt, load_prompts
+from selfspec.decoder import DEFAULT_DRAFT
 from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.strategies import make_strategy
 from selfspec.evaluate import evaluate
 from selfspec.models.skip import SkipSet
 from selfspec.models.tiny import tiny_model
 from selfspec.records import first_difference, read_records
-from selfspec.settings import DraftSettings
 
 PACKAGE = Path(__file__).resolve().parents[1] / "selfspec"
 
@@ -31,7 +32,7 @@ def test_bfloat16_runs_measure_the_match_fraction_and_where_outputs_part(tmp_pat
     # wide enough that a multi-token verify rounds differently from one-token steps (here: 1 of 3 prompts parts)
     model = tiny_model("llama", num_layers=4, hidden_size=256, init_std=0.05).to(torch.bfloat16)
     sampling = SamplingSettings(max_new_tokens=20)
-    draft = DraftSettings(policy="fixed", max_tokens=4, ngram_size=2, ngram_tokens=10)
+    draft = replace(DEFAULT_DRAFT, policy="fixed", max_tokens=4, ngram_tokens=10)
     strategies = [make_strategy(name, model, sampling, (2,), SkipSet(attn=(1,), mlp=(2,)), draft)
                   for name in ("plain", "self_spec_fixed")]
     prompts = load_prompts("chat", limit=3)

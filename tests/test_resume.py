@@ -7,19 +7,20 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from selfspec import summarize as summarize_cli
 from selfspec.data import encode_prompt, load_prompts
+from selfspec.decoder import DEFAULT_DRAFT
 from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.strategies import make_strategy
 from selfspec.evaluate import evaluate
 from selfspec.models.skip import SkipSet
 from selfspec.models.tiny import tiny_model
 from selfspec.records import WrittenRecord, first_difference, read_records, summarize
-from selfspec.settings import DraftSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMES = {"elapsed_s", "tokens_per_s", "speedup", "peak_mem_mb", "median_prompt_speedup", "steps"}  # vary run to run
@@ -28,7 +29,7 @@ TIMES = {"elapsed_s", "tokens_per_s", "speedup", "peak_mem_mb", "median_prompt_s
 def strategies(model):
     """plain, and two drafters whose state runs on from prompt to prompt (adaptive exit; hybrid routes updates)."""
     sampling = SamplingSettings(max_new_tokens=12)
-    draft = DraftSettings(policy="adaptive", max_tokens=4, ngram_size=2, ngram_tokens=10)
+    draft = replace(DEFAULT_DRAFT, policy="adaptive", max_tokens=4, ngram_tokens=10)
     skip = SkipSet(attn=(2, 4), mlp=(3,))
     return [make_strategy(name, model, sampling, (2,), skip, draft) for name in ("plain", "self_spec", "self_spec_hybrid")]
 

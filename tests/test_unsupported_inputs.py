@@ -1,9 +1,12 @@
 """Models of another layout and batches of prompts end in one line naming what is supported, not a traceback."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, OPTConfig, OPTForCausalLM
 
+from selfspec.decoder import DEFAULT_DRAFT
 from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.speculative import generate
 from selfspec.decoding.strategies import NAMES, make_strategy
@@ -11,10 +14,10 @@ from selfspec.errors import SelfspecError
 from selfspec.models.loading import load_model
 from selfspec.models.skip import SkipSet, skipping
 from selfspec.models.tiny import byte_tokenizer
-from selfspec.settings import DraftSettings, ModelSettings
+from selfspec.settings import ModelSettings
 
 GREEDY = SamplingSettings(max_new_tokens=8)
-DRAFT = DraftSettings(policy="fixed", max_tokens=4, ngram_size=2, ngram_tokens=4)
+DRAFT = replace(DEFAULT_DRAFT, policy="fixed", max_tokens=4, ngram_tokens=4)
 SUPPORTED = "supported: Llama, Gemma-2, Gemma-3 (text)"
 
 
