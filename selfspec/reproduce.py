@@ -11,13 +11,13 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from selfspec.errors import SelfspecError
 from selfspec.runs import EXPERIMENTS, REPOSITORY
+from selfspec.timing import clock
 
 MARKER = "reproduce.json"
 
@@ -102,12 +102,12 @@ def reproduce(scale: str, outputs: Path, experiments: list[Experiment], run=subp
         folder = new_folder(Path(outputs) / "experiments" / experiment.name)
         argv = command(experiment, folder)
         log(f"{step}: running {' '.join(argv[1:])}")
-        start = time.monotonic()
+        start = clock()
         returncode = run(argv, cwd=REPOSITORY).returncode
         if returncode != 0:
             raise SelfspecError(f"experiment {experiment.name} failed (exit {returncode}); what it wrote is in "
                                 f"{folder}; rerun to retry it (finished experiments are skipped)")
-        seconds = time.monotonic() - start
+        seconds = clock() - start
         (folder / MARKER).write_text(json.dumps({"scale": scale, "overrides": list(experiment.overrides),
                                                  "seconds": round(seconds, 1)}, indent=2))
         log(f"{step}: done in {seconds:.0f} s -> {folder}")
@@ -121,13 +121,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--outputs", type=Path, default=REPOSITORY / "outputs", help="default: <repository>/outputs")
     parser.add_argument("overrides", nargs="*", help="run.py overrides added to every experiment, e.g. model=...")
     args = parser.parse_args(argv)
-    start = time.monotonic()
+    start = clock()
     try:
         reproduce(args.scale, args.outputs.resolve(), plan(args.scale, tuple(args.overrides)))
     except SelfspecError as error:
         print(f"selfspec: error: {error}", file=sys.stderr)
         sys.exit(2)
-    print(f"reproduce: every experiment of scale {args.scale} done ({time.monotonic() - start:.0f} s); "
+    print(f"reproduce: every experiment of scale {args.scale} done ({clock() - start:.0f} s); "
           f"figures: make figures")
 
 

@@ -8,11 +8,11 @@ token, a correction after a rejected draft, the bonus token after a fully accept
 """
 
 import dataclasses
-import time
 from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from selfspec.decoding.results import StepRecord
+from selfspec.timing import clock
 
 VERIFIED = "verified"
 
@@ -119,14 +119,14 @@ def stream_chunks(steps: Generator[tuple[list[int], StepRecord | None], None, No
                   end_ids: tuple[int, ...], stop: Sequence[str] = ()) -> Iterator[Chunk]:
     """One Chunk per decoding step, then a last one with the finish reason; ends the generation (closes `steps`)
     at the first stop string. A character the generation ends inside of is left out of the text."""
-    start, stats, reply = time.perf_counter(), DecodingStats(), _Reply()
+    start, stats, reply = clock(), DecodingStats(), _Reply()
     stop = [s for s in stop if s]
     try:
         for new, step in steps:
             stats.add(new, step)
             for token_id, source in zip(new, token_sources(new, step)):
                 reply.add(token_id, source, tokenizer)
-            stats.elapsed_s = time.perf_counter() - start
+            stats.elapsed_s = clock() - start
             found = [i for i in (reply.text.find(s, reply.sent) for s in stop) if i >= 0]
             if found:
                 yield Chunk(reply.cut(min(found)), dataclasses.replace(stats), "stop")

@@ -7,8 +7,9 @@ cancelled (a client that went away), so the next request starts.
 
 import asyncio
 import math
-import time
 from contextlib import asynccontextmanager
+
+from selfspec.timing import clock
 
 
 class QueueFull(Exception):
@@ -46,11 +47,11 @@ class Ticket:
         """Wait for the model, hold it inside the block; the place is freed however the block ends."""
         try:
             async with self.queue._lock:
-                self.queue.running, start = True, time.perf_counter()
+                self.queue.running, start = True, clock()
                 try:
                     yield
                 finally:
-                    self.queue.running, self.queue.last_request_s = False, time.perf_counter() - start
+                    self.queue.running, self.queue.last_request_s = False, clock() - start
         finally:
             self.release()
 

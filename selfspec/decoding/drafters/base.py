@@ -6,7 +6,6 @@ the full model verified the draft, `update`. A drafter that decides its draft le
 (decoding/draft_exit.py) owns it; a new drafter is one new module in this package.
 """
 
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
@@ -105,7 +104,7 @@ class ExitPolicyDrafter:
         max_tokens = self.exit_policy.plan(max_tokens)
         if max_tokens == 0:
             return Draft()
-        start = time.perf_counter()  # the verification before ended on the host: nothing of it is still queued
+        start = clock()  # the verification before ended on the host: nothing of it is still queued
         history = list(tokens)
         logits = next_logits(history[cached:], cached)  # (vocab,)
         draft = Draft()
