@@ -14,8 +14,13 @@ from selfspec.errors import SelfspecError
 CONF = Path(__file__).resolve().parent / "conf"
 
 
+def main() -> None:
+    check_run_dir(sys.argv[1:])
+    run_task()
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")
-def main(cfg) -> None:
+def run_task(cfg) -> None:
     # imported after Hydra parsed the command line: `--help` stays fast
     from selfspec.app import run
     from selfspec.kangaroo_train import train
@@ -31,3 +36,16 @@ def main(cfg) -> None:
     except SelfspecError as error:
         print(f"selfspec: error: {str(error).splitlines()[0]}", file=sys.stderr)
         sys.exit(2)
+
+
+def check_run_dir(argv: list[str]) -> None:
+    """Hydra makes the run dir before run_task() and fails with a traceback; a given hydra.run.dir is checked first."""
+    from selfspec.run_dir import check_output_dir
+
+    for arg in argv:
+        if arg.startswith("hydra.run.dir="):
+            try:
+                check_output_dir(Path(arg.split("=", 1)[1]))
+            except SelfspecError as error:
+                print(f"selfspec: error: {error}", file=sys.stderr)
+                sys.exit(2)

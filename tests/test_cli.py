@@ -38,7 +38,7 @@ def test_the_console_command_runs_a_tiny_model_like_run_py(tmp_path):
                          "sampling.max_new_tokens=8", "hydra.run.dir=out")
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
-    assert list(summary) == ["plain", "self_spec"] and summary["self_spec"]["outputs_match_plain"] == 1.0
+    assert list(summary) == ["plain", "self_spec", "self_spec_hybrid"] and summary["self_spec"]["outputs_match_plain"] == 1.0
     assert not (ROOT / "out").exists()
 
 

@@ -68,7 +68,7 @@ def test_a_submitit_local_sweep_writes_both_jobs_records_in_one_wandb_group(tmp_
     assert result.returncode == 0, result.stderr[-3000:]
     for job, threshold in ((0, 0.3), (1, 0.9)):
         records = [json.loads(line) for line in (tmp_path / str(job) / "records.jsonl").read_text().splitlines()]
-        assert {r["strategy"] for r in records} == {"plain", "self_spec"}
+        assert {r["strategy"] for r in records} == {"plain", "self_spec", "self_spec_hybrid"}
         assert {s["threshold"] for r in records if r["strategy"] == "self_spec" for s in r["steps"]} == {threshold}
         summary = json.loads((tmp_path / str(job) / "summary.json").read_text())
         assert summary["self_spec"]["parallel_launcher"] == "LocalLauncher"

@@ -24,7 +24,9 @@ pytestmark = pytest.mark.slow  # run.py server subprocesses
 
 ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "outputs" / "test_artifacts"
-TINY = ("model=tiny_llama", "logger=none")
+# the served hybrid on the adaptive exit: on a random tiny model drafting never pays, so the cost-aware exit would
+# (rightly) draft almost nothing and the page would show no accepted draft tokens
+TINY = ("model=tiny_llama", "logger=none", "draft.hybrid_policy=adaptive")
 LONG = (*TINY, "model.seed=1")  # its greedy reply to "a long reply" runs 300 tokens without an EOS
 
 
