@@ -187,7 +187,9 @@ def verdict(summary: dict) -> str:
              else "plain decoding was fastest"]
     for name, row in timed.items():
         tokens = row["mean_accepted_tokens"]
-        if row["speedup"] < 1 and tokens:
+        if row["speedup"] < 1 and row.get("acceptance_rate") is None:
+            parts.append(f"{name} ran {row['speedup']:.2f}x without drafting")
+        elif row["speedup"] < 1 and tokens:
             parts.append(f"{name} ran {row['speedup']:.2f}x: its steps emitted {tokens:.2f} tokens each but took "
                          f"{tokens / row['speedup']:.2f} plain steps' time (drafting cost more than it saved)")
     return "; ".join(parts) + "."

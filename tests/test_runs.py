@@ -182,11 +182,12 @@ def test_log_figures_logs_one_image_per_figure():
 
 def test_verdict_names_the_fastest_and_says_why_slower_strategies_lost():
     summary = {"plain": {"speedup": 1.0, "mean_accepted_tokens": 1.0},
-               "self_spec": {"speedup": 0.8, "mean_accepted_tokens": 2.0},
-               "self_spec_hybrid": {"speedup": 1.25, "mean_accepted_tokens": 1.5}}
+               "self_spec": {"speedup": 0.8, "mean_accepted_tokens": 2.0, "acceptance_rate": 0.5},
+               "self_spec_hybrid": {"speedup": 1.25, "mean_accepted_tokens": 1.5, "acceptance_rate": 0.4},
+               "hf_generate": {"speedup": 0.95, "mean_accepted_tokens": 1.0, "acceptance_rate": None}}
     assert verdict(summary) == ("self_spec_hybrid was fastest at 1.25x plain decoding; self_spec ran 0.80x: its "
                                 "steps emitted 2.00 tokens each but took 2.50 plain steps' time (drafting cost "
-                                "more than it saved).")
+                                "more than it saved); hf_generate ran 0.95x without drafting.")
     assert verdict({"plain": summary["plain"]}) == ""
     slower = {"plain": summary["plain"], "self_spec": summary["self_spec"]}
     assert verdict(slower).startswith("plain decoding was fastest; self_spec ran 0.80x")
