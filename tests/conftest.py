@@ -20,6 +20,15 @@ def run_settings(*overrides: str) -> RunSettings:
         return from_config(compose("config", overrides=list(overrides)))
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models are overhead-bound: a second thread only adds contention on a shared machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tokenizer():
     return byte_tokenizer()

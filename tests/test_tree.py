@@ -22,15 +22,7 @@ from conftest import run_settings
 from test_decoding import hf_greedy
 
 WINDOW = 8  # sliding window of the tiny Gemma models: shorter than every test sequence
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models are overhead-bound: a second thread only adds contention on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module", params=["llama", "gemma2", "gemma3"])

@@ -19,15 +19,7 @@ from selfspec.models.tiny import tiny_model
 from test_decoding import chi_square_pvalue, exact_pair_distribution
 
 V = 4  # vocabulary of the analytic test
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models are overhead-bound: a second thread only adds contention on a shared machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def random_distribution(gen, zeros: int = 0) -> torch.Tensor:
