@@ -7,9 +7,8 @@ from pathlib import Path
 import torch
 
 from selfspec.conversation import check_multi_turn
-from selfspec.cost_model import CostMeter
 from selfspec.data import encode_prompt, load_prompt_set
-from selfspec.decoding.strategies import make_strategy
+from selfspec.decoding.strategies import cost_meter, make_strategy
 from selfspec.evaluate import evaluate
 from selfspec.models.draft_head import DraftHead, make_draft_head
 from selfspec.models.loading import LoadedModel, load_model
@@ -58,7 +57,7 @@ def run(settings: RunSettings, out_dir: Path) -> dict:
     print(f"skip set ({skip.fraction(layers):.0%} of {2 * layers} sublayers): attn={list(skip.attn)} mlp={list(skip.mlp)}")
     heads = DraftHeads(loaded)
     searched = searched_draft(settings, layers, heads) if "self_spec_searched" in settings.strategies else None
-    costs = CostMeter(loaded.model, max(settings.draft.max_tokens, settings.draft.ngram_tokens) + 1)
+    costs = cost_meter(loaded.model, settings.draft)  # measured on first use, shared by the strategies
     strategies = [make_strategy(name, loaded.model, sampling, loaded.end_ids, skip, settings.draft,
                                 draft_model, heads(vocab_size), settings.hf, settings.kangaroo, searched, costs)
                   for name in settings.strategies]

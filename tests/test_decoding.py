@@ -109,13 +109,17 @@ def test_cache_holds_exactly_the_kept_tokens_after_every_step(tiny, prompt):
     while len(tokens) - len(prompt) < 40:
         new, step = speculative_step(tiny, context, tokens, 40 - (len(tokens) - len(prompt)), drafter)
         tokens += new
-        kept = len(tokens) - 1  # the last token is fed by the next step
-        fresh = new_cache(tiny, 100)
-        forward(tiny, fresh, tokens[:-1], 0)
-        for mine, ref in zip(cache.layers, fresh.layers):
-            assert int(mine.get_seq_length()) == kept
-            torch.testing.assert_close(mine.keys[:, :, :kept], ref.keys[:, :, :kept])
-            torch.testing.assert_close(mine.values[:, :, :kept], ref.values[:, :, :kept])
+        assert_cache_holds(tiny, cache, tokens[:-1])  # the last token is fed by the next step
+
+
+def assert_cache_holds(model, cache, kept: list[int], **tolerance) -> None:
+    """`cache` holds exactly `kept`: its length, and the keys and values a fresh forward over them writes."""
+    fresh = new_cache(model, len(kept) + 1)
+    forward(model, fresh, kept, 0)
+    for mine, ref in zip(cache.layers, fresh.layers):
+        assert int(mine.get_seq_length()) == len(kept)
+        torch.testing.assert_close(mine.keys[:, :, :len(kept)], ref.keys, **tolerance)
+        torch.testing.assert_close(mine.values[:, :, :len(kept)], ref.values, **tolerance)
 
 
 def test_forward_logits_equal_the_models_own_head(tiny, prompt):

@@ -19,7 +19,7 @@ from selfspec.models.skip import SkipSet, make_skip_set
 from selfspec.models.tiny import tiny_model
 
 from conftest import run_settings
-from test_decoding import hf_greedy
+from test_decoding import assert_cache_holds, hf_greedy
 
 WINDOW = 8  # sliding window of the tiny Gemma models: shorter than every test sequence
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -151,13 +151,7 @@ def test_cache_after_every_tree_step_equals_plain_decodings_cache(model, prompt,
     while len(tokens) - len(prompt) < 30:
         new, _ = speculative_step(model, context, tokens, 30 - (len(tokens) - len(prompt)), drafter)
         tokens += new
-        kept = len(tokens) - 1  # the last token is fed by the next step
-        fresh = new_cache(model, 80)
-        forward(model, fresh, tokens[:-1], 0)
-        for mine, ref in zip(context.cache.layers, fresh.layers):
-            assert mine.get_seq_length() == kept
-            torch.testing.assert_close(mine.keys, ref.keys, **tolerance)
-            torch.testing.assert_close(mine.values, ref.values, **tolerance)
+        assert_cache_holds(model, context.cache, tokens[:-1], **tolerance)  # the last token is fed by the next step
     assert tokens[len(prompt):] == plain
 
 

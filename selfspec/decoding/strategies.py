@@ -73,7 +73,7 @@ def make_strategy(name: str, model, settings: SamplingSettings, end_ids: tuple[i
     policy = suffix if suffix in POLICIES else draft.policy
     if name == "self_spec_hybrid":
         policy = draft.hybrid_policy or draft.policy
-    costs = costs or CostMeter(model, max(draft.max_tokens, draft.ngram_tokens) + 1)
+    costs = costs or cost_meter(model, draft)
 
     def exit_policy(drafted_by: SkipSet | None = None, head: DraftHead | None = None):
         """A fresh policy; the cost-aware one gets the costs of drafting with `drafted_by` (None: copies)."""
@@ -111,3 +111,8 @@ def make_strategy(name: str, model, settings: SamplingSettings, end_ids: tuple[i
         adapter, exit_layer = load_adapter(kangaroo and kangaroo.adapter_path, model, kangaroo and kangaroo.exit_layer)
         drafter = KangarooDrafter(model, adapter, exit_layer, exit_policy())
     return Strategy(name, model, settings, end_ids, drafter, draft.target_gate)
+
+
+def cost_meter(model, draft: DraftSettings) -> CostMeter:
+    """The meter the cost-aware exit reads, for verifies as wide as any draft of `draft`'s drafters (plus one)."""
+    return CostMeter(model, max(draft.max_tokens, draft.ngram_tokens) + 1)
