@@ -43,14 +43,25 @@ def load_prompts(name: str, path: str | None = None, limit: int | None = None,
 
 
 def load_prompt_set(data: DataSettings) -> list[Prompt]:
-    """Prompts offset..offset+limit-1 of each set in `data.names`, set after set."""
+    """Prompts offset..offset+limit-1 of `data.split` of each set in `data.names`, set after set."""
     prompts = []
     for name in data.names:
-        chosen = load_prompts(name, data.path, format_name=data.format)[data.offset or 0:][:data.limit]
+        chosen = load_prompts(name, data.path, format_name=data.format)
+        chosen = split_prompts(chosen, data.split) if name != "jsonl" else chosen  # a file of yours is read whole
+        chosen = chosen[data.offset or 0:][:data.limit]
         if not chosen:
-            raise SelfspecError(f"data.offset={data.offset} leaves no prompts in set {name!r}; lower it")
+            raise SelfspecError(f"data.offset={data.offset} leaves no prompts in the {data.split} split of set "
+                                f"{name!r}; lower it")
         prompts += chosen
     return prompts
+
+
+def split_prompts(prompts: list[Prompt], split: str) -> list[Prompt]:
+    """A shipped set's calibration half (its 1st, 3rd, 5th, ... prompt: tune on these), its evaluation half (2nd, 4th,
+    ...: report on these) or all of it. Alternating keeps every category of the shipped sets in both halves."""
+    if split == "all":
+        return prompts
+    return prompts[0 if split == "calibration" else 1::2]
 
 
 def humaneval_prompts() -> list[Prompt]:

@@ -1,8 +1,8 @@
 """Train a Kangaroo adapter (`python run.py experiment=kangaroo_train`): distil the full model into the draft
 "first exit_layer layers + adapter + the model's own output layer", on the model's own greedy generations.
 
-1. Collect: greedy generations for the training prompts (the second half of each prompt set: evaluations read
-   the first prompts), then one full forward per sequence gives, per position, the hidden state after
+1. Collect: greedy generations for the training prompts (the calibration half of each prompt set: `make bench`
+   reports on the evaluation half), then one full forward per sequence gives, per position, the hidden state after
    `exit_layer` layers (the adapter's input) and the final normed hidden state (the teacher). One file per
    sequence under <dir>/kangaroo_data/, so a killed run keeps what it collected.
 2. Train: the adapter over whole sequences (causal, no cache); loss = soft cross-entropy against the full
@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from selfspec.data import Prompt, encode_prompt, load_prompt_set, load_prompts
+from selfspec.data import Prompt, encode_prompt, load_prompt_set, load_prompts, split_prompts
 from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
@@ -73,11 +73,10 @@ def _work_dir(resume, out_dir: Path) -> Path:
 
 
 def train_prompts(sets, per_set: int | None, eval_data: DataSettings | None = None) -> list[Prompt]:
-    """The first `per_set` prompts of the second half of each set; warns if some are evaluation prompts."""
+    """The first `per_set` prompts of the calibration half of each set; warns if some are evaluation prompts."""
     prompts = []
     for name in sets:
-        every = load_prompts(name)
-        prompts += every[len(every) // 2:][:per_set]
+        prompts += split_prompts(load_prompts(name), "calibration")[:per_set]
     if eval_data is not None:
         evaluated = {p.question_id for p in load_prompt_set(eval_data)}
         shared = evaluated & {p.question_id for p in prompts}

@@ -29,6 +29,7 @@ LOGGERS = ("wandb", "none")
 WANDB_MODES = ("offline", "online", "disabled")
 TASKS = ("evaluate", "kangaroo_train", "serve")
 TURNS = ("first", "all")
+SPLITS = ("all", "calibration", "evaluation")  # data.split: every prompt, the even-numbered ones, the odd-numbered ones
 T = TypeVar("T")
 
 
@@ -135,7 +136,8 @@ class DataSettings:
     name: Any  # a prompt-set name or a list of them
     path: Optional[str] = None
     limit: Optional[int] = None
-    offset: int = 0  # prompts skipped at the start of each set (search.data: after the evaluation prompts)
+    split: str = "all"  # shipped sets: all | calibration (prompts 1, 3, 5, ...) | evaluation (2, 4, ...); jsonl: all
+    offset: int = 0  # prompts of the split skipped at the start of each set (search.data: after the evaluation prompts)
     turns: str = "first"  # first: decode each prompt's first turn | all: every turn, on the strategy's own answers
     format: str = "auto"  # jsonl: the records' format (prompt_formats.py), auto = detected per file
     max_prompt_tokens: Optional[int] = None  # left-truncate longer prompts to this many tokens; None = refuse them
@@ -143,6 +145,7 @@ class DataSettings:
     def __post_init__(self):
         at_least("limit", self.limit, 1, " (prompts per set), or null for all")
         one_of("turns", self.turns, TURNS)
+        one_of("split", self.split, SPLITS)
         at_least("offset", self.offset, 0)
         one_of("format", self.format, FORMAT_NAMES)
         at_least("max_prompt_tokens", self.max_prompt_tokens, 1, ", or null to refuse prompts too long for the model")
@@ -230,7 +233,7 @@ class HFSettings:
 class TrainSettings:
     """The `kangaroo.train` block (its defaults are the API's, for code that trains without the config)."""
     sets: tuple[str, ...] = ("humaneval", "chat", "summarize")
-    prompts_per_set: Optional[int] = 32  # from the second half of each set; None = all of it
+    prompts_per_set: Optional[int] = 32  # from the calibration half of each set; None = all of it
     max_new_tokens: int = 64
     epochs: int = 8
     lr: float = 1e-3

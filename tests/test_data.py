@@ -2,8 +2,9 @@ import json
 
 import pytest
 
-from selfspec.data import PROMPT_SETS, Prompt, encode_prompt, load_prompts
+from selfspec.data import PROMPT_SETS, Prompt, encode_prompt, load_prompt_set, load_prompts
 from selfspec.errors import SelfspecError
+from selfspec.settings import DataSettings
 from selfspec.models.tiny import byte_tokenizer
 
 
@@ -152,3 +153,23 @@ def test_encode_raises_when_nothing_is_encoded():
 
     with pytest.raises(SelfspecError, match="'q'"):
         encode_prompt(EmptyTokenizer(), Prompt("q", "c", ("hello",), chat=False))
+
+
+@pytest.mark.parametrize("name", ["humaneval", "chat", "summarize"])
+def test_calibration_and_evaluation_halves_split_every_shipped_set_and_category(name):
+    every = load_prompts(name)
+    halves = {split: load_prompt_set(DataSettings(name=name, split=split)) for split in ("calibration", "evaluation")}
+    calibration, evaluation = ({p.question_id for p in prompts} for prompts in halves.values())
+    assert not calibration & evaluation and calibration | evaluation == {p.question_id for p in every}
+    assert halves["evaluation"][0] == every[1]  # the 2nd, 4th, ... prompt
+    assert {p.category for p in halves["calibration"]} == {p.category for p in halves["evaluation"]}
+
+
+def test_split_applies_before_offset_and_limit_and_never_to_a_file_of_yours(tmp_path):
+    assert [p.question_id for p in load_prompt_set(DataSettings(name="chat", split="evaluation", offset=1, limit=2))] \
+        == ["chat-04", "chat-06"]
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(json.dumps({"turns": [f"q{i}"]}) + "\n" for i in range(3)))
+    assert len(load_prompt_set(DataSettings(name="jsonl", path=str(path), split="evaluation"))) == 3
+    with pytest.raises(SelfspecError, match="split='half' is unknown; allowed: all, calibration, evaluation"):
+        DataSettings(name="chat", split="half")

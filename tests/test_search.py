@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 
 from selfspec.app import run
 from selfspec.cost_model import StepCosts, expected_speedup
-from selfspec.data import encode_prompt, load_prompts
+from selfspec.data import encode_prompt, load_prompts, split_prompts
 from selfspec.decoding.draft_exit import make_exit_policy
 from selfspec.decoding.drafters import SelfDrafter
 from selfspec.decoding.speculative import generate
@@ -69,14 +69,14 @@ def journal_study(path: Path, name: str):
 
 
 def mean_accepted_tokens(cfg, skip: SkipSet) -> float:
-    """Emitted tokens per verification on the search prompts (chat 1..4), recomputed from scratch."""
+    """Emitted tokens per verification on the search prompts (chat's calibration half, 1..4), from scratch."""
     run_settings = from_config(cfg)
     loaded = load_model(run_settings.model)
     sampling = dataclasses.replace(run_settings.sampling, max_new_tokens=run_settings.search.max_new_tokens)
     # one drafter, so one exit policy, over all prompts, as in a trial
     drafter = SelfDrafter(loaded.model, skip, make_exit_policy(run_settings.draft, sampling.greedy))
     emitted = steps = 0
-    for prompt in load_prompts("chat")[1:5]:
+    for prompt in split_prompts(load_prompts("chat"), "calibration")[1:5]:
         result = generate(loaded.model, encode_prompt(loaded.tokenizer, prompt), sampling, drafter,
                           loaded.end_ids)
         emitted += sum(s.emitted for s in result.steps)

@@ -47,12 +47,12 @@ def draft_vocabulary(tokenizer, size: int, vocab_size: int) -> torch.Tensor:
 
 
 def calibration_texts() -> list[str]:
-    """The second half of each shipped prompt set (with HumanEval's solutions); evaluations and searches
-    read the first prompts of a set, so the draft vocabulary is not fitted on the prompts it is measured on."""
-    from selfspec.data import load_prompts
+    """The calibration half of each shipped prompt set (with HumanEval's solutions), so the draft vocabulary is not
+    fitted on the evaluation half that `make bench` reports on."""
+    from selfspec.data import load_prompts, split_prompts
 
-    sets = [load_prompts(name) for name in ("humaneval", "chat", "summarize")]
-    return [p.turns[0] + (p.reference or "") for prompts in sets for p in prompts[len(prompts) // 2:]]
+    sets = [split_prompts(load_prompts(name), "calibration") for name in ("humaneval", "chat", "summarize")]
+    return [p.turns[0] + (p.reference or "") for prompts in sets for p in prompts]
 
 
 def make_draft_head(model, tokenizer, size: int) -> DraftHead:
