@@ -16,11 +16,11 @@ from selfspec.models.skip import SkipSet, num_layers
 from selfspec.models.skip_config import resolve_skip
 from selfspec.prompt_length import context_room, fit_prompts, with_truncated_count
 from selfspec.records import WrittenRecord, read_records
-from selfspec.run_dir import RECORDS_FILE, open_run_dir
-from selfspec.settings import RunSettings, named
+from selfspec.run_dir import RECORDS_FILE, SETTINGS_FILE, open_run_dir
+from selfspec.settings import DataSettings, RunSettings, named
 from selfspec.spec_bench import write_answers
 from selfspec.summarize import summary_title, write_summary
-from selfspec.wandb_logger import make_logger
+from selfspec.wandb_logger import log_files, make_logger
 
 
 def run(settings: RunSettings, out_dir: Path) -> dict:
@@ -69,18 +69,26 @@ def run(settings: RunSettings, out_dir: Path) -> dict:
         if launch.parallel:  # timings measured while other jobs ran
             for row in summary.values():
                 row["parallel_launcher"] = launch.launcher
-        if logger is not None:
+        table = write_summary(out_dir, summary, summary_title(loaded.name, len(prompts), stored))
+        if logger is not None:  # after the files are written: a W&B failure loses none of them
             logger.log_summary(summary)
+            stem = f"{loaded.name}-{data_label(settings.data)}"
+            log_files(logger.run, f"{stem}-records", "records", [out_dir / RECORDS_FILE, out_dir / SETTINGS_FILE])
+            log_files(logger.run, f"{stem}-summary", "summary", [out_dir / "summary.json", out_dir / "summary.md"])
     finally:
         if logger is not None:
             logger.finish()
-    table = write_summary(out_dir, summary, summary_title(loaded.name, len(prompts), stored))
     if settings.spec_bench_answers:
         paths = write_answers(out_dir, read_records(out_dir / RECORDS_FILE), loaded.tokenizer, loaded.name)
         print(f"Spec-Bench answers: {', '.join(str(p) for p in paths)}")
     print(f"\n{loaded.name}: {len(prompts)} prompts, max_new_tokens={sampling.max_new_tokens}, "
           f"{'greedy' if sampling.greedy else 'sampling'}\n{table}\n\nrecords: {out_dir}")
     return summary
+
+
+def data_label(data: DataSettings) -> str:
+    """The prompts of a run in an artifact name: `chat`, `humaneval-chat`, a prompt file's stem."""
+    return Path(data.path).stem if data.path else "-".join(data.names)
 
 
 class DraftHeads:

@@ -11,10 +11,12 @@
 3. After every epoch checkpoint.pt (adapter, optimizer, epoch, history) is written atomically and adapter.pt
    holds the adapter with the lowest validation loss so far (epoch 0: untrained, the first exit_layer + 1
    layers). Rerunning into the same directory (hydra.run.dir, or kangaroo.resume=<dir>) continues training.
+4. With logger.kind=wandb the final adapter.pt is logged as a W&B artifact (type model, its best epoch's losses
+   as metadata).
 """
 
 import random
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -31,6 +33,7 @@ from selfspec.models.loading import load_model
 from selfspec.models.output_layer import model_logits
 from selfspec.models.skip import num_layers
 from selfspec.settings import DataSettings, RunSettings, TrainSettings
+from selfspec.wandb_logger import log_files, start_run
 
 
 @dataclass
@@ -54,6 +57,12 @@ def train(run: RunSettings, out_dir: Path) -> Path:
     history = train_adapter(loaded.model, exit_layer, sequences, settings, work_dir)
     best = min(history, key=lambda h: h["val_loss"])
     adapter_path = work_dir / "adapter.pt"
+    wandb_run = start_run(run.logger, out_dir, asdict(run), job_type="kangaroo_train")
+    if wandb_run is not None:
+        try:
+            log_files(wandb_run, f"{loaded.name}-kangaroo-exit{exit_layer}", "model", [adapter_path], metadata=best)
+        finally:
+            wandb_run.finish()
     print(f"\nkangaroo adapter for {loaded.name}, exit layer {exit_layer}: epoch {best['epoch']}, val loss "
           f"{best['val_loss']:.4f} (untrained {history[0]['val_loss']:.4f}), val agreement "
           f"{best['val_agreement']:.3f} (untrained {history[0]['val_agreement']:.3f})\nsaved: {adapter_path}\n"

@@ -1,8 +1,10 @@
-"""Weights & Biases logging: per-verification acceptance and threshold, per-prompt speed, the summary.
+"""Weights & Biases logging: per-verification acceptance and threshold, per-prompt speed, the summary; a run's
+final files (records, summary, best_skip.yaml, a Kangaroo adapter) as artifacts.
 
 Offline by default (no network; `wandb sync <dir>/wandb/offline-run-*` uploads later).
 """
 
+import re
 from pathlib import Path
 
 from selfspec.records import PromptRecord
@@ -18,6 +20,17 @@ def start_run(logger: LoggerSettings, out_dir: Path, config: dict | None = None,
 
     init = {"name": logger.name, "group": logger.group, **init}
     return wandb.init(project=logger.project, mode=logger.mode, dir=str(out_dir), config=config, **init)
+
+
+def log_files(run, name: str, kind: str, paths: list[Path], metadata: dict | None = None) -> None:
+    """Log final files as a version of the W&B artifact `name` (type `kind`): runs logging the same name add
+    versions v0, v1, ... Characters W&B refuses in a name become '-'."""
+    import wandb
+
+    artifact = wandb.Artifact(re.sub(r"[^\w.-]", "-", name), type=kind, metadata=metadata)
+    for path in paths:
+        artifact.add_file(str(path))  # copied to W&B's staging dir: a later resume changes no logged version
+    run.log_artifact(artifact)
 
 
 class WandbLogger:

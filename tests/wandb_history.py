@@ -44,3 +44,12 @@ def run_group(run_dir: Path) -> str:
     """The group the run was started in (wandb.init(group=...))."""
     (path,) = Path(run_dir).glob("run-*.wandb")
     return next(r.run.run_group for r in records(path) if r.WhichOneof("record_type") == "run")
+
+
+def artifacts(run_dir: Path) -> dict[str, dict]:
+    """{name: {"type", "files": {path: digest}, "metadata"}} of each artifact the run logged."""
+    (path,) = Path(run_dir).glob("run-*.wandb")
+    return {r.artifact.name: {"type": r.artifact.type,
+                              "files": {e.path: e.digest for e in r.artifact.manifest.contents},
+                              "metadata": json.loads(r.artifact.metadata or "null")}
+            for r in records(path) if r.WhichOneof("record_type") == "artifact"}

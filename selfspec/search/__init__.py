@@ -37,7 +37,7 @@ from selfspec.search.objective import TrialObjective, choose_best
 from selfspec.search.space import Candidate, SearchSpace, make_candidate, search_space, seed_candidates
 from selfspec.search.study import (FINISHED, fail_dead_trials, make_pruner, make_sampler, open_storage, open_study,
                                    quiet_optuna)
-from selfspec.search.trial_log import run_trials
+from selfspec.search.trial_log import TrialLog, run_trials
 from selfspec.settings import DataSettings, RunSettings, SearchSettings, SkipSettings
 
 
@@ -63,13 +63,19 @@ def search_skip_set(settings: RunSettings, loaded: LoadedModel, out_dir: Path) -
               + (f", {failed} abandoned trial(s) of dead workers marked FAIL (an RDB runs them again)" if failed else "")
               + f"; {len(prompts)} search prompts x {search.max_new_tokens} tokens, objective {search.objective}, "
                 f"sampler {search.sampler}")
-        if done < search.n_trials:
-            objective = TrialObjective.prepared(loaded, prompt_ids, sampling, settings.draft, settings.seed, space,
-                                                search.objective)
-            run_trials(study, objective, settings, search.n_trials - done, out_dir, study_name)
-        best = choose_best(study, search.objective)
-    return write_best(best, out_dir, loaded.name, layers, prompts, search.max_new_tokens,
-                      {"study": study_name, "storage": storage_text, "objective": search.objective})
+        log = TrialLog(out_dir / "trials.jsonl", study_name, settings, search.objective)
+        try:
+            if done < search.n_trials:
+                objective = TrialObjective.prepared(loaded, prompt_ids, sampling, settings.draft, settings.seed,
+                                                    space, search.objective)
+                run_trials(study, objective, search.n_trials, search.n_trials - done, log)
+            best = choose_best(study, search.objective)
+            found = write_best(best, out_dir, loaded.name, layers, prompts, search.max_new_tokens,
+                               {"study": study_name, "storage": storage_text, "objective": search.objective})
+            log.finish(study, best, out_dir / "best_skip.yaml")  # after the file is written
+        finally:
+            log.close()
+    return found
 
 
 def start_sampling(study, search: SearchSettings, space: SearchSpace, seeds: list[Candidate]) -> None:

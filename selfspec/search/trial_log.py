@@ -1,5 +1,6 @@
 """Running the trials of this process and logging each one: trials.jsonl, the progress bar and, with
-logger.kind=wandb, one W&B run per search process (grouped by study, so workers of one study share the group)."""
+logger.kind=wandb, one W&B run per search process (grouped by study, so workers of one study share the group)
+that ends with the chosen trial and best_skip.yaml as an artifact."""
 
 import dataclasses
 import json
@@ -12,14 +13,12 @@ from tqdm import tqdm
 from selfspec.search.objective import TrialObjective, choose_best
 from selfspec.search.study import FINISHED
 from selfspec.settings import RunSettings
-from selfspec.wandb_logger import start_run
+from selfspec.wandb_logger import log_files, start_run
 
 
-def run_trials(study, objective: TrialObjective, settings: RunSettings, missing: int, out_dir: Path,
-               study_name: str) -> None:
-    """Run up to `missing` trials here; stop once the study holds search.n_trials finished trials (other workers
-    count)."""
-    log = TrialLog(out_dir / "trials.jsonl", study_name, settings, objective.objective)
+def run_trials(study, objective: TrialObjective, n_trials: int, missing: int, log: "TrialLog") -> None:
+    """Run up to `missing` trials here, each logged by `log`; stop once the study holds n_trials finished trials
+    (other workers count)."""
     bar = tqdm(total=missing, desc="search", unit="trial")
 
     def progress(study, trial: FrozenTrial) -> None:
@@ -28,12 +27,9 @@ def run_trials(study, objective: TrialObjective, settings: RunSettings, missing:
 
     try:
         study.optimize(objective, n_trials=missing, gc_after_trial=False,
-                       callbacks=[optuna.study.MaxTrialsCallback(settings.search.n_trials, states=FINISHED), log,
-                                  progress])
-        log.finish(study, choose_best(study, objective.objective) if _has_complete(study) else None)
+                       callbacks=[optuna.study.MaxTrialsCallback(n_trials, states=FINISHED), log, progress])
     finally:
         bar.close()
-        log.close()
 
 
 def _has_complete(study) -> bool:
@@ -91,9 +87,10 @@ class TrialLog:
                 row["best/value"] = best.value
         self.run.log(row)
 
-    def finish(self, study, best: FrozenTrial | None) -> None:
-        """Skip mask of the chosen trial (and the Pareto front) as W&B tables."""
-        if self.run is None or best is None:
+    def finish(self, study, best: FrozenTrial, best_path: Path) -> None:
+        """Skip mask of the chosen trial (and the Pareto front) as W&B tables; best_path (the written
+        best_skip.yaml) and trials.jsonl as an artifact of the study."""
+        if self.run is None:
             return
         import wandb
 
@@ -110,6 +107,8 @@ class TrialLog:
             if not isinstance(value, list):
                 self.run.summary[f"best/{key}"] = value
         self.run.summary["best/trial"] = best.number
+        trials = [self.path] if self.path.is_file() else []  # none when this process ran no trial
+        log_files(self.run, f"{self.study_name}-best_skip", "skip-config", [best_path, *trials])
 
     def close(self) -> None:
         if self.run is not None:
