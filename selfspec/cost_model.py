@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from selfspec.models.cache import forward, forward_hidden, new_cache
+from selfspec.models.devices import execution_device, output_device
 from selfspec.models.draft_head import DraftHead
 from selfspec.models.output_layer import model_logits
 from selfspec.models.skip import SkipSet, decoder_layers, skipping
@@ -138,7 +139,7 @@ def _context_cache(model, max_q: int):
 def measure_verify_ms(model, max_q: int, repeats: int = REPEATS, cache=None) -> list[float]:
     """c(1..max_q): median milliseconds of a q-token forward of the full model after a CONTEXT-token context."""
     cache = cache or _context_cache(model, max_q)
-    return [timed_ms(lambda: forward(model, cache, [5] * q, CONTEXT), model.device, repeats)
+    return [timed_ms(lambda: forward(model, cache, [5] * q, CONTEXT), output_device(model), repeats)
             for q in range(1, max_q + 1)]
 
 
@@ -152,7 +153,7 @@ def measure_draft_ms(model, skip: SkipSet, head: DraftHead | None = None, repeat
                 forward(model, cache, [5], CONTEXT, last_only=True)
             else:
                 head.logits(forward_hidden(model, cache, [5], CONTEXT))
-    return timed_ms(draft_token, model.device, repeats)
+    return timed_ms(draft_token, output_device(model), repeats)
 
 
 def measure_step_costs(model, max_q: int, heads: dict[int, DraftHead] | None = None) -> StepCosts:
@@ -162,23 +163,23 @@ def measure_step_costs(model, max_q: int, heads: dict[int, DraftHead] | None = N
     attn, mlp = sublayer_ms(model, lambda: forward(model, cache, [5], CONTEXT))
     hidden = forward_hidden(model, cache, [5], CONTEXT)  # (hidden,)
     with torch.inference_mode():
-        output = timed_ms(lambda: model_logits(model, hidden[None]), model.device)
-        head_ms = {n: timed_ms(lambda: head.logits(hidden), model.device) for n, head in (heads or {}).items()}
+        output = timed_ms(lambda: model_logits(model, hidden[None]), output_device(model))
+        head_ms = {n: timed_ms(lambda: head.logits(hidden), output_device(model)) for n, head in (heads or {}).items()}
     return StepCosts(verify, attn, mlp, output, head_ms)
 
 
 def sublayer_ms(model, step) -> tuple[list[float], list[float]]:
     """Median milliseconds each layer's attention and MLP take inside `step()` (timed by forward hooks)."""
-    modules = [(kind, i, getattr(layer, kind)) for i, layer in enumerate(decoder_layers(model))
+    modules = [(kind, i, getattr(layer, kind), execution_device(layer)) for i, layer in enumerate(decoder_layers(model))
                for kind in ("self_attn", "mlp")]
-    times = {(kind, i): [] for kind, i, _ in modules}
+    times = {(kind, i): [] for kind, i, _, _ in modules}
     started = {}
     handles = []
-    for kind, i, module in modules:
+    for kind, i, module, device in modules:  # each layer's clock waits for its own device
         handles.append(module.register_forward_pre_hook(
-            lambda m, args, key=(kind, i): started.__setitem__(key, clock(model.device))))
+            lambda m, args, key=(kind, i), device=device: started.__setitem__(key, clock(device))))
         handles.append(module.register_forward_hook(
-            lambda m, args, out, key=(kind, i): times[key].append(clock(model.device) - started[key])))
+            lambda m, args, out, key=(kind, i), device=device: times[key].append(clock(device) - started[key])))
     try:
         for _ in range(REPEATS + 1):
             step()

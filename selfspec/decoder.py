@@ -21,6 +21,7 @@ from selfspec.decoding.hf_baselines import HF_STRATEGIES
 from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.strategies import NAMES, Strategy, make_strategy
 from selfspec.errors import SelfspecError
+from selfspec.models.devices import output_device
 from selfspec.models.draft_head import make_draft_head
 from selfspec.models.loading import model_end_ids
 from selfspec.models.skip import SkipSet, num_layers
@@ -106,7 +107,7 @@ class SelfSpeculativeDecoder:
         a last one with the finish reason. Stopping the iteration stops the generation at the next step."""
         ids = self.encode(prompt)
         sampling = SamplingSettings(temperature, top_k, top_p, repetition_penalty, max_new_tokens)
-        generator = torch.Generator(self.model.device).manual_seed(seed) if seed is not None else None
+        generator = torch.Generator(output_device(self.model)).manual_seed(seed) if seed is not None else None
         steps = self.strategy(sampling).steps(ids, generator)
         return stream_chunks(steps, self.tokenizer, self.end_ids, stop)
 

@@ -15,6 +15,7 @@ from selfspec.conversation import encode_turn
 from selfspec.data import Prompt
 from selfspec.decoding.drafters import HybridDrafter
 from selfspec.decoding.strategies import Strategy
+from selfspec.models.devices import output_device
 from selfspec.records import PromptRecord, append_record, first_difference, read_records, summarize
 
 T = TypeVar("T")
@@ -54,7 +55,8 @@ def evaluate(strategies: list[Strategy], prompts: list[Prompt], prompt_ids: list
 def _decode(strategy: Strategy, prompt: Prompt, turn: int, ids: list[int], plain: PromptRecord | None, tokenizer,
             seed: int, repeats: int) -> PromptRecord:
     """The record of `strategy` on one turn, compared with plain decoding's record of the same turn."""
-    measured = [measure_peak_memory(lambda: strategy.generate(ids, _generator(strategy, seed)), strategy.model.device)
+    measured = [measure_peak_memory(lambda: strategy.generate(ids, _generator(strategy, seed)),
+                                    output_device(strategy.model))
                 for _ in range(repeats)]
     runs = [result for result, _ in measured]
     peaks = [mb for _, mb in measured if mb is not None]
@@ -90,7 +92,7 @@ def _replay_steps(strategies: list[Strategy], earlier: list[PromptRecord]) -> No
 
 
 def _generator(strategy: Strategy, seed: int) -> torch.Generator:
-    return torch.Generator(device=strategy.model.device).manual_seed(seed)
+    return torch.Generator(device=output_device(strategy.model)).manual_seed(seed)
 
 
 def _warm_up(strategies: list[Strategy], ids: list[int], seed: int) -> None:

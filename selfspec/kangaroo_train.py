@@ -27,7 +27,8 @@ from selfspec.data import Prompt, encode_prompt, load_prompt_set, load_prompts, 
 from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
-from selfspec.models.kangaroo_adapter import (check_exit_layer, model_signature, new_adapter,
+from selfspec.models.devices import input_device
+from selfspec.models.kangaroo_adapter import (adapter_device, check_exit_layer, model_signature, new_adapter,
                                               save_adapter, save_atomic)
 from selfspec.models.loading import load_model
 from selfspec.models.output_layer import model_logits
@@ -98,7 +99,7 @@ def train_prompts(sets, per_set: int | None, eval_data: DataSettings | None = No
 @torch.no_grad()  # not inference_mode: the adapter trains on these tensors
 def hidden_states(model, tokens: list[int], exit_layer: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(shallow, final), each (L, hidden): the output of layer exit_layer - 1 and the final normed state."""
-    out = model.model(torch.tensor([tokens], device=model.device), output_hidden_states=True)
+    out = model.model(torch.tensor([tokens], device=input_device(model)), output_hidden_states=True)
     return out.hidden_states[exit_layer][0], out.last_hidden_state[0]
 
 
@@ -107,24 +108,25 @@ def collect(model, prompt_ids: list[list[int]], exit_layer: int, max_new_tokens:
     """One sequence per prompt, generated greedily; reuses the files of an earlier run with the same settings."""
     data_dir.mkdir(parents=True, exist_ok=True)
     settings = SamplingSettings(max_new_tokens=max_new_tokens)
+    device = adapter_device(model, exit_layer)  # where the shallow states come out, and the adapter runs
     sequences = []
     for index, ids in enumerate(tqdm(prompt_ids, desc="collect", unit="prompt")):
         path = data_dir / f"seq-{index:04d}.pt"
         key = {"prompt": ids, "exit_layer": exit_layer, "max_new_tokens": max_new_tokens}
-        saved = torch.load(path, map_location=model.device, weights_only=True) if path.exists() else None
+        saved = torch.load(path, map_location=device, weights_only=True) if path.exists() else None
         if saved is None or saved["key"] != key:
             tokens = ids + generate(model, ids, settings, end_ids=end_ids).new_tokens
             shallow, final = hidden_states(model, tokens, exit_layer)
             saved = {"key": key, "tokens": torch.tensor(tokens), "shallow": shallow, "final": final}
             save_atomic(saved, path)
-        sequences.append(TrainingSequence(saved["tokens"].to(model.device), saved["shallow"], saved["final"]))
+        sequences.append(TrainingSequence(saved["tokens"].to(device), saved["shallow"], saved["final"]))
     return sequences
 
 
 def distill_loss(adapter, model, seq: TrainingSequence, hard_label_weight: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, agreement): soft cross-entropy of the draft against the full model per position, plus the weighted
     hard-label cross-entropy; agreement = share of positions where both argmaxes match."""
-    positions = torch.arange(len(seq.tokens), device=seq.tokens.device)[None]  # (1, L)
+    positions = torch.arange(len(seq.tokens), device=seq.shallow.device)[None]  # (1, L)
     out = adapter(inputs_embeds=seq.shallow[None], position_ids=positions, use_cache=False)
     hidden = out.last_hidden_state[0]  # (L, hidden)
     student = torch.log_softmax(model_logits(model, hidden), dim=-1)  # (L, vocab)
@@ -132,7 +134,7 @@ def distill_loss(adapter, model, seq: TrainingSequence, hard_label_weight: float
         teacher = torch.softmax(model_logits(model, seq.final), dim=-1)  # (L, vocab)
     loss = -(teacher * student).sum(dim=-1).mean()
     if hard_label_weight:
-        loss = loss + hard_label_weight * F.nll_loss(student[:-1], seq.tokens[1:])
+        loss = loss + hard_label_weight * F.nll_loss(student[:-1], seq.tokens[1:].to(student.device))
     agreement = (student.argmax(dim=-1) == teacher.argmax(dim=-1)).float().mean()
     return loss, agreement
 
@@ -203,7 +205,7 @@ def _resume(path: Path, adapter, optimizer, model, exit_layer: int) -> list[dict
     """Load the checkpoint into adapter and optimizer; return its history ([] when there is none)."""
     if not path.exists():
         return []
-    saved = torch.load(path, map_location=model.device, weights_only=True)
+    saved = torch.load(path, map_location="cpu", weights_only=True)  # load_state_dict moves it to the adapter
     if saved["exit_layer"] != exit_layer or saved["model"] != model_signature(model):
         raise SelfspecError(f"kangaroo.exit_layer={exit_layer}: the checkpoint {path} was trained for exit layer "
                             f"{saved['exit_layer']} of {saved['model']['model_type']}; use another output directory")

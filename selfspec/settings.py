@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional, TypeVar
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
@@ -22,6 +23,7 @@ from selfspec.prompt_formats import FORMAT_NAMES
 MODEL_SOURCES = ("smollm2", "gemma3_270m", "hub", "tiny")
 TINY_FAMILIES = ("llama", "gemma2")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
+DEVICE_MAP_PLANS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate splits the model by memory
 POLICIES = ("fixed", "threshold", "adaptive", "cost")
 OBJECTIVES = ("tokens_per_s", "acceptance", "pareto", "cost_model")
 SAMPLERS = ("tpe", "gp", "random")
@@ -58,6 +60,32 @@ class SkipSettings:
     draft_vocab_size: Optional[int] = None  # searched_skip only: the draft vocabulary it was searched with
 
 
+def check_device_map(value) -> None:
+    """null, a plan accelerate computes (auto, ...), one device, or a {module name: device or "disk"} dict."""
+    allowed = (f"allowed: null (all on model.device), {', '.join(DEVICE_MAP_PLANS)}, a device (cpu, cuda, cuda:N, N) "
+               f"or a {{module: device or disk}} map in YAML")
+    if value is None or value in DEVICE_MAP_PLANS:
+        return
+    if isinstance(value, dict):
+        bad = [device for module, device in value.items() if not isinstance(module, str) or
+               not (device == "disk" or _is_device(device))]
+        if value and not bad:
+            return
+        raise SelfspecError(f"device_map={value!r} is not allowed"
+                            f"{f' (device {bad[0]!r})' if bad else ' (empty)'}; {allowed}")
+    if not _is_device(value):
+        raise SelfspecError(f"device_map={value!r} is not allowed; {allowed}")
+
+
+def _is_device(value) -> bool:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value >= 0  # a CUDA index
+    try:
+        return isinstance(value, str) and torch.device(value).type != "meta"
+    except RuntimeError:
+        return False
+
+
 @dataclass(kw_only=True)
 class ModelSettings:
     """The `model` group (and `draft_model`): where the weights come from and where they run."""
@@ -67,6 +95,9 @@ class ModelSettings:
     dtype: str
     device: str
     cache_dir: Optional[str] = None  # embedded GGUF models are converted once into <cache_dir>/<source>
+    # Spread the model over devices with accelerate (checkpoints larger than one device); null = all on `device`.
+    device_map: Any = None  # auto | balanced | balanced_low_0 | sequential | a device | {module: device or disk}
+    offload_folder: Optional[str] = None  # where a device map's "disk" modules are kept
     family: Optional[str] = None  # tiny models: llama | gemma2, and their shape
     num_layers: Optional[int] = None
     hidden_size: Optional[int] = None
@@ -80,6 +111,7 @@ class ModelSettings:
     def __post_init__(self):
         one_of("source", self.source, MODEL_SOURCES)
         one_of("dtype", self.dtype, DTYPES)
+        check_device_map(self.device_map)
         if self.source in ("smollm2", "gemma3_270m") and not self.cache_dir:
             raise SelfspecError(f"cache_dir={self.cache_dir!r}: source {self.source} needs a folder for its converted "
                                 f"weights")

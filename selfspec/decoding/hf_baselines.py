@@ -18,6 +18,7 @@ from selfspec.decoding.prompt_ids import single_prompt
 from selfspec.decoding.results import GenerationResult, StepRecord
 from selfspec.decoding.sampling import SamplingSettings
 from selfspec.errors import SelfspecError
+from selfspec.models.devices import input_device
 from selfspec.models.skip import num_layers
 from selfspec.timing import clock
 
@@ -44,18 +45,18 @@ class HFStrategy:
         assistant = self.model if self.early_exit_layer is not None else self.draft_model
         assisted = assistant is not None or self.prompt_lookup_tokens is not None
         steps: list[StepRecord] = []
-        device = self.model.device
+        device = input_device(self.model)
         streamer = None if assisted else _TokenTimes(device)
         start = clock(device)
         with ExitStack() as hooks:
-            hooks.enter_context(_seeded(generator, self.model.device))
+            hooks.enter_context(_seeded(generator, device))
             if assistant is not None:
                 hooks.enter_context(_assistant_settings(assistant, self.num_assistant_tokens,
                                                         self.confidence_threshold))
             if assisted:
                 threshold = self.confidence_threshold if assistant is not None else 0.0
                 hooks.enter_context(_recording_steps(self.model, steps, threshold))
-            ids = torch.tensor([prompt], device=self.model.device)
+            ids = torch.tensor([prompt], device=device)
             out = self.model.generate(ids, attention_mask=torch.ones_like(ids), streamer=streamer,
                                       **self._generate_kwargs())
             new_tokens = out[0, len(prompt):].tolist()

@@ -16,6 +16,7 @@ from selfspec.decoding.sampling import SamplingSettings, accept_probability, res
 from selfspec.decoding.tree import forward_tree, tree_paths, tree_scores, verify_tree_greedy, verify_tree_sampled
 from selfspec.errors import SelfspecError
 from selfspec.models.cache import forward, new_cache
+from selfspec.models.devices import output_device
 from selfspec.models.skip import decoder_layers
 from selfspec.timing import clock
 
@@ -55,15 +56,16 @@ def generate(model, prompt: list[int], settings: SamplingSettings, drafter: Draf
              target_gate: float | None = None) -> GenerationResult:
     """Generate up to settings.max_new_tokens tokens after `prompt` (batch size 1), stopping after any of `end_ids`
     (the model's end-of-turn ids, LoadedModel.end_ids); plain decoding without a drafter."""
-    start = clock(model.device)
+    device = output_device(model)  # the clock waits for the device the logits land on
+    start = clock(device)
     new_tokens, steps, prefill_s = [], [], 0.0
     for new, step in decode_steps(model, prompt, settings, drafter, end_ids, generator, target_gate):
         new_tokens += new
         if step is None:
-            prefill_s = clock(model.device) - start
+            prefill_s = clock(device) - start
         else:
             steps.append(step)
-    return GenerationResult(new_tokens, clock(model.device) - start, prefill_s, steps)
+    return GenerationResult(new_tokens, clock(device) - start, prefill_s, steps)
 
 
 def decode_steps(model, prompt: list[int], settings: SamplingSettings, drafter: Drafter | None = None,
@@ -105,10 +107,11 @@ def speculative_step(model, context: GenerationContext, tokens: list[int], remai
     """Draft (unless `gated`), verify [last token, drafts...] in one full-model forward, keep the accepted prefix
     plus one token; the cache is rewound to the kept length (tokens + new, minus the not yet processed last
     token)."""
-    t0 = clock(model.device)
+    device = output_device(model)
+    t0 = clock(device)
     k_max = min(drafter.max_tokens, remaining - 1) if drafter is not None and not gated else 0
     draft = drafter.draft(tokens, k_max) if k_max > 0 else Draft()
-    t1 = clock(model.device)
+    t1 = clock(device)
     if draft.parents is not None:
         return tree_step(model, context, tokens, remaining, drafter, draft, t1 - t0, gated)
     verify_logits = forward(model, context.cache, [tokens[-1]] + draft.tokens, len(tokens) - 1)  # (k+1, vocab)
@@ -116,13 +119,14 @@ def speculative_step(model, context: GenerationContext, tokens: list[int], remai
     if context.settings.greedy:
         accepted, next_token = verify_greedy(draft.tokens, target)
     else:
-        q = torch.stack(draft.probs) if draft.tokens else None  # (k, vocab)
+        # (k, vocab); a separate draft model may sit on another device than the target's output layer
+        q = torch.stack(draft.probs).to(target.device) if draft.tokens else None
         accepted, next_token = verify_sampled(draft.tokens, q, torch.softmax(target, dim=-1), context.generator)
     new = cut_at_end((draft.tokens[:accepted] + [next_token])[:remaining], context.end_ids)
     context.cache.rewind(len(tokens) + len(new) - 1)
     confidence = float(torch.softmax(target[accepted], dim=-1)[next_token])  # the full model's p(next token)
     step = StepRecord(len(draft.tokens), accepted, len(new), drafter.threshold if drafter is not None else 0.0,
-                      t1 - t0, clock(model.device) - t1, draft.source if draft.tokens else "", confidence, gated)
+                      t1 - t0, clock(device) - t1, draft.source if draft.tokens else "", confidence, gated)
     if draft.tokens:
         drafter.update(len(draft.tokens), accepted)
     return new, step
@@ -132,7 +136,8 @@ def tree_step(model, context: GenerationContext, tokens: list[int], remaining: i
               draft_s: float, gated: bool) -> tuple[list[int], StepRecord]:
     """Verify a token-tree draft in one full-model forward (decoding/tree.py), keep its longest accepted path plus one
     token, and move that path's cache entries next to the prefix."""
-    t1 = clock(model.device)
+    device = output_device(model)
+    t1 = clock(device)
     logits = forward_tree(model, context.cache, tokens[-1], draft, len(tokens) - 1)  # (n+1, vocab)
     target = tree_scores(logits, tokens, draft, context.processor)  # (n+1, vocab)
     if context.settings.greedy:
@@ -144,7 +149,7 @@ def tree_step(model, context: GenerationContext, tokens: list[int], remaining: i
     row = path[-1] + 1 if path else 0  # the row that predicted next_token
     confidence = float(torch.softmax(target[row], dim=-1)[next_token])
     depth = max(len(p) for p in tree_paths(draft.parents))
-    step = StepRecord(len(draft.tokens), len(path), len(new), drafter.threshold, draft_s, clock(model.device) - t1,
+    step = StepRecord(len(draft.tokens), len(path), len(new), drafter.threshold, draft_s, clock(device) - t1,
                       draft.source if draft.tokens else "", confidence, gated, len(draft.tokens), depth)
     if draft.tokens:
         drafter.update(depth, len(path))

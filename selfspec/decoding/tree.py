@@ -14,6 +14,7 @@ from transformers import LogitsProcessorList
 from selfspec.decoding.drafters import Draft
 from selfspec.decoding.sampling import accept_probability, residual, sample
 from selfspec.models.cache import RewindableCache
+from selfspec.models.devices import input_device
 from selfspec.models.output_layer import model_logits
 
 
@@ -58,10 +59,10 @@ def model_attention_masks(model, parents: list[int], start: int) -> torch.Tensor
     """The mask argument the model's forward takes: one 4D mask (Llama), or one per layer type for models with
     sliding-window layers (Gemma-2, Gemma-3 pick `mask[config.layer_types[i]]` per layer)."""
     config = model.config.get_text_config()
-    full = tree_attention_mask(parents, start, model.dtype, model.device)
+    full = tree_attention_mask(parents, start, model.dtype, input_device(model))
     if "sliding_attention" not in (getattr(config, "layer_types", None) or ()):
         return full
-    sliding = tree_attention_mask(parents, start, model.dtype, model.device, config.sliding_window)
+    sliding = tree_attention_mask(parents, start, model.dtype, input_device(model), config.sliding_window)
     return {"full_attention": full, "sliding_attention": sliding}
 
 
@@ -73,7 +74,7 @@ def forward_tree(model, cache: RewindableCache, root: int, draft: Draft, start: 
     if start + len(ids) > cache.max_len:
         raise RuntimeError(f"cache holds {cache.max_len} positions, asked to write up to {start + len(ids)}")
     cache.rewind(start)
-    device = model.device
+    device = input_device(model)
     depths = torch.tensor([len(path) for path in tree_paths(draft.parents)], device=device)  # (n+1,)
     hidden = model.model(input_ids=torch.tensor([ids], device=device), position_ids=(start + depths)[None],
                          attention_mask=model_attention_masks(model, draft.parents, start),

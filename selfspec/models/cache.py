@@ -10,6 +10,7 @@ its first input token; layers skipped by a draft write nothing and are simply re
 import torch
 from transformers import Cache, DynamicLayer
 
+from selfspec.models.devices import input_device
 from selfspec.models.output_layer import model_logits
 
 
@@ -19,6 +20,7 @@ class RewindableLayer(DynamicLayer):
         self.max_len, self.length = max_len, 0
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        """Buffers in the dtype and on the device of the first keys/values: the layer's own, under a device map."""
         self.dtype, self.device = key_states.dtype, key_states.device
         batch, heads = key_states.shape[:2]
         self.key_buffer = key_states.new_zeros(batch, heads, self.max_len, key_states.shape[-1])
@@ -82,7 +84,7 @@ def _inputs(model, cache: RewindableCache, input_ids: list[int], start: int) -> 
     if start + len(input_ids) > cache.max_len:
         raise RuntimeError(f"cache holds {cache.max_len} positions, asked to write up to {start + len(input_ids)}")
     cache.rewind(start)
-    device = model.device
+    device = input_device(model)  # with a device map, accelerate's hooks move them on layer by layer
     ids = torch.tensor([input_ids], device=device)  # (1, q)
     positions = torch.arange(start, start + len(input_ids), device=device)[None]  # (1, q)
     return dict(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from selfspec.errors import SelfspecError
+from selfspec.models.devices import loaded_weights
 from selfspec.models.output_layer import final_softcap, output_logits
 
 
@@ -24,8 +25,8 @@ class DraftHead:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(hidden,) final hidden state -> (vocab,) logits, -inf outside the draft vocabulary."""
-        full = torch.full((self.vocab_size,), float("-inf"), device=hidden.device)
-        full[self.token_ids] = output_logits(self.weight, hidden[None], self.softcap)[0]
+        full = torch.full((self.vocab_size,), float("-inf"), device=self.weight.device)  # fp32, as model_logits
+        full[self.token_ids] = output_logits(self.weight, hidden[None].to(self.weight.device), self.softcap)[0]
         return full
 
 
@@ -56,6 +57,9 @@ def calibration_texts() -> list[str]:
 
 
 def make_draft_head(model, tokenizer, size: int) -> DraftHead:
-    weight = model.get_output_embeddings().weight  # (vocab, hidden)
-    ids = draft_vocabulary(tokenizer, size, weight.shape[0]).to(weight.device)
-    return DraftHead(ids, weight.detach()[ids], weight.shape[0], final_softcap(model))
+    """The rows of the model's output layer for the draft vocabulary, copied (in the model's dtype) onto the output
+    layer's device."""
+    with loaded_weights(model.get_output_embeddings()) as head:
+        weight = head.weight  # (vocab, hidden)
+        ids = draft_vocabulary(tokenizer, size, weight.shape[0]).to(weight.device)
+        return DraftHead(ids, weight.detach()[ids], weight.shape[0], final_softcap(model))

@@ -16,6 +16,7 @@ from torch import nn
 from transformers import AutoModel
 
 from selfspec.errors import SelfspecError
+from selfspec.models.devices import execution_device, loaded_weights
 from selfspec.models.skip import decoder_layers, num_layers
 
 
@@ -31,24 +32,31 @@ def check_exit_layer(exit_layer: int | None, layers: int) -> int:
 
 def new_adapter(model, exit_layer: int) -> nn.Module:
     """A one-layer base model of the target's family, initialised from the target's layer `exit_layer` and final
-    norm, in the target's dtype and device. It has no embedding: it is only ever fed `inputs_embeds`."""
+    norm, in the target's dtype, on the device its input comes from. It has no embedding: it is only ever fed
+    `inputs_embeds`."""
     config = copy.deepcopy(model.config.get_text_config())
     config.num_hidden_layers, config.vocab_size, config.pad_token_id = 1, 1, None
     if getattr(config, "layer_types", None):  # Gemma: keep the copied layer's sliding/global attention and rope
         config.layer_types = [config.layer_types[exit_layer]]
     adapter = AutoModel.from_config(config)
     adapter.embed_tokens = None  # (a one-row vocabulary above keeps the model from allocating a real one)
-    source = decoder_layers(model)[exit_layer].state_dict()
-    adapter.layers[0].load_state_dict(source)
-    adapter.norm.load_state_dict(model.model.norm.state_dict())
-    return adapter.to(device=model.device, dtype=model.dtype).eval()
+    with loaded_weights(decoder_layers(model)[exit_layer]) as layer, loaded_weights(model.model.norm) as norm:
+        adapter.layers[0].load_state_dict(layer.state_dict())
+        adapter.norm.load_state_dict(norm.state_dict())
+    return adapter.to(device=adapter_device(model, exit_layer), dtype=model.dtype).eval()
+
+
+def adapter_device(model, exit_layer: int) -> torch.device:
+    """The device of layer exit_layer - 1, whose output the adapter reads (under a device map, not model.device)."""
+    return execution_device(decoder_layers(model)[exit_layer - 1])
 
 
 def model_signature(model) -> dict:
     """What an adapter must match: family, sizes and a hash of a few output-layer rows (rounded to bfloat16, so
     the same weights loaded in another dtype still match)."""
     config = model.config.get_text_config()
-    rows = model.get_output_embeddings().weight[:16].detach().to(torch.bfloat16).float().cpu()
+    with loaded_weights(model.get_output_embeddings()) as head:
+        rows = head.weight[:16].detach().to(torch.bfloat16).float().cpu()
     return {"model_type": config.model_type, "num_layers": num_layers(model), "hidden_size": config.hidden_size,
             "vocab_size": config.vocab_size, "weights": hashlib.sha1(rows.numpy().tobytes()).hexdigest()[:16]}
 
@@ -77,7 +85,7 @@ def load_adapter(path, model, exit_layer: int | None = None) -> tuple[nn.Module,
         raise SelfspecError(f"kangaroo.adapter_path={str(path)!r} does not exist; "
                             f"train one with python run.py experiment=kangaroo_train")
     try:
-        saved = torch.load(file, map_location=model.device, weights_only=True)
+        saved = torch.load(file, map_location="cpu", weights_only=True)  # load_state_dict moves it
         state, trained_for, trained_exit = saved["state_dict"], saved["model"], saved["exit_layer"]
     except Exception as error:  # any unreadable file: torch's own messages span many lines
         raise SelfspecError(f"kangaroo.adapter_path={str(path)!r} is not a Kangaroo adapter file "

@@ -12,13 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from accelerate import dispatch_model, infer_auto_device_map
+from accelerate.utils import get_balanced_memory, get_max_memory
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import cached_file
 
 from selfspec.errors import SelfspecError
 from selfspec.models.skip import decoder_layers
 from selfspec.models.tiny import byte_tokenizer, tiny_model
-from selfspec.settings import ModelSettings
+from selfspec.settings import DEVICE_MAP_PLANS, ModelSettings
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -27,26 +29,55 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 @dataclass
 class LoadedModel:
     name: str
-    model: PreTrainedModel  # eval mode, on settings.device, in settings.dtype
+    model: PreTrainedModel  # eval mode, in settings.dtype, on settings.device (or placed by settings.device_map)
     tokenizer: PreTrainedTokenizerBase
     end_ids: tuple[int, ...]  # every id that ends a turn (model_end_ids): generation stops after any of them
 
 
 def load_model(settings: ModelSettings) -> LoadedModel:
-    """Build the model `settings` describe. Attention is transformers' default (Gemma-2 gets eager: no sdpa there)."""
-    dtype, device = DTYPES[settings.dtype], _device(settings.device)
+    """Build the model `settings` describe. Attention is transformers' default (Gemma-2 gets eager: no sdpa there).
+    With `settings.device_map`, accelerate places it (hooks move activations between devices); else it all goes to
+    `settings.device`."""
+    dtype, device, device_map = DTYPES[settings.dtype], _device(settings.device), settings.device_map
+    _check_map_devices(device_map)
     if settings.source == "tiny":
         model = tiny_model(settings.family, settings.num_layers, settings.hidden_size, settings.sliding_window,
                            settings.seed or 0)
         model, tokenizer = model.to(dtype), byte_tokenizer()
+        if device_map is not None:  # built in memory: place it as from_pretrained places a checkpoint
+            model = dispatch(model, device_map, settings.offload_folder)
     else:
         folder = (_hub_folder(settings.path) if settings.source == "hub"
                   else _cached_gguf(settings.source, Path(settings.cache_dir).expanduser()))
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True, device_map=device_map,
+                                                     offload_folder=settings.offload_folder)
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     decoder_layers(model)  # an unsupported layout ends here, not inside a forward
-    return LoadedModel(name=settings.name, model=model.to(device).eval(), tokenizer=tokenizer,
+    if device_map is None:
+        model = model.to(device)
+    return LoadedModel(name=settings.name, model=model.eval(), tokenizer=tokenizer,
                        end_ids=model_end_ids(model, tokenizer))
+
+
+def dispatch(model, device_map, offload_folder: str | None = None):
+    """`model` (in memory) placed by `device_map` (checked by settings.check_device_map): a plan accelerate computes
+    from free memory (auto, balanced, ...), one device, or a {module name: device or "disk"} dict."""
+    no_split = model._no_split_modules  # a decoder layer stays whole on one device
+    if device_map in DEVICE_MAP_PLANS:
+        memory = (get_max_memory() if device_map == "sequential" else
+                  get_balanced_memory(model, no_split_module_classes=no_split, low_zero=device_map == "balanced_low_0"))
+        device_map = infer_auto_device_map(model, memory, no_split_module_classes=no_split)
+    elif not isinstance(device_map, dict):
+        device_map = {"": device_map}
+    if "disk" in device_map.values() and offload_folder is None:
+        raise SelfspecError(f"model.device_map puts {[m for m, d in device_map.items() if d == 'disk']} on disk; "
+                            f"set model.offload_folder=/dir for them")
+    try:
+        model = dispatch_model(model, device_map, offload_dir=offload_folder)
+    except ValueError as error:  # e.g. a module name the model does not have, or a module left out
+        raise SelfspecError(f"model.device_map={device_map!r}: {str(error).splitlines()[0]}") from None
+    model.hf_device_map = device_map
+    return model
 
 
 def model_end_ids(model, tokenizer) -> tuple[int, ...]:
@@ -57,16 +88,25 @@ def model_end_ids(model, tokenizer) -> tuple[int, ...]:
     return tuple(dict.fromkeys(int(i) for i in [*ids, tokenizer.eos_token_id] if i is not None))
 
 
-def _device(name: str) -> torch.device:
+def _device(name: str | int, key: str = "model.device") -> torch.device:
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise SelfspecError(f"model.device={name!r} is not a device; use cpu, cuda or cuda:N") from None
+        raise SelfspecError(f"{key}={name!r} is not a device; use cpu, cuda or cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise SelfspecError(f"model.device={name!r} but CUDA is not available here; use model.device=cpu")
+        raise SelfspecError(f"{key}={name!r} but CUDA is not available here; use cpu")
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise SelfspecError(f"model.device={name!r} but only {torch.cuda.device_count()} CUDA device(s) exist")
+        raise SelfspecError(f"{key}={name!r} but only {torch.cuda.device_count()} CUDA device(s) exist")
     return device
+
+
+def _check_map_devices(device_map) -> None:
+    """Every device a device map names exists here (settings.check_device_map checked its form)."""
+    if device_map is None or device_map in DEVICE_MAP_PLANS:
+        return
+    for device in device_map.values() if isinstance(device_map, dict) else [device_map]:
+        if device != "disk":
+            _device(device, "model.device_map")
 
 
 def _hub_folder(path: str | None) -> str:

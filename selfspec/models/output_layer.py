@@ -8,9 +8,13 @@ and a single row is computed twice. Same math as the model's head; the summation
 
 import torch
 
+from selfspec.models.devices import loaded_weights
+
 
 def output_logits(weight: torch.Tensor, hidden: torch.Tensor, softcap: float | None = None) -> torch.Tensor:
-    """(rows, hidden) final normed hidden states, (vocab, hidden) weight -> (rows, vocab) fp32 logits."""
+    """(rows, hidden) final normed hidden states, (vocab, hidden) weight -> (rows, vocab) fp32 logits.
+    The product runs in the weight's dtype (bfloat16 stays bfloat16); only the result is upcast, for softmax and
+    sampling in float32."""
     rows = hidden.shape[0]
     if rows == 1:
         hidden = hidden.repeat(2, 1)  # a real copy: a stride-0 expand takes a slow path (66 ms, not 16)
@@ -25,5 +29,7 @@ def final_softcap(model) -> float | None:
 
 
 def model_logits(model, hidden: torch.Tensor) -> torch.Tensor:
-    """The model's own output layer: (rows, hidden) final normed hidden states -> (rows, vocab) fp32 logits."""
-    return output_logits(model.get_output_embeddings().weight, hidden, final_softcap(model))
+    """The model's own output layer: (rows, hidden) final normed hidden states -> (rows, vocab) fp32 logits, on the
+    output layer's device (with a device map it may sit on another device than the last layer, or be offloaded)."""
+    with loaded_weights(model.get_output_embeddings()) as head:
+        return output_logits(head.weight, hidden.to(head.weight.device), final_softcap(model))

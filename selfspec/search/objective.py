@@ -15,6 +15,7 @@ from selfspec.decoding.results import GenerationResult
 from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
+from selfspec.models.devices import output_device
 from selfspec.models.draft_head import DraftHead, make_draft_head
 from selfspec.models.loading import LoadedModel
 from selfspec.models.skip import SkipSet
@@ -72,7 +73,7 @@ def measure(model, prompt_ids: list[list[int]], settings: SamplingSettings, cand
         draft_ms = costs.draft_ms(candidate.skip, candidate.vocab_size) if costs is not None else None
     per_prompt = []
     for index, ids in enumerate(prompt_ids):
-        generator = torch.Generator(device=model.device).manual_seed(seed + index)
+        generator = torch.Generator(device=output_device(model)).manual_seed(seed + index)
         result = generate(model, ids, settings, drafter, end_ids, generator)
         counts = prompt_counts(result)
         if draft_ms is not None:

@@ -5,6 +5,7 @@ import torch
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.drafters.base import Draft, GenerationContext, cut_at_end
 from selfspec.errors import SelfspecError
+from selfspec.models.devices import output_device
 
 NGRAM = "ngram"  # Draft.source of copied drafts
 
@@ -21,7 +22,7 @@ class NgramDrafter:
             if value < 1:
                 raise SelfspecError(f"{name}={value} must be >= 1")
         self.ngram_size, self.num_tokens = ngram_size, num_tokens
-        self.vocab_size, self.device = model.get_output_embeddings().weight.shape[0], model.device
+        self.vocab_size, self.device = model.get_output_embeddings().weight.shape[0], output_device(model)
         self.exit_policy = exit_policy
         self.context: GenerationContext | None = None
 

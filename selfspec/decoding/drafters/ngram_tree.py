@@ -5,6 +5,7 @@ import torch
 from selfspec.decoding.drafters.base import Draft, GenerationContext, cut_at_end
 from selfspec.decoding.drafters.ngram import NGRAM
 from selfspec.errors import SelfspecError
+from selfspec.models.devices import output_device
 
 
 class NgramTreeDrafter:
@@ -21,7 +22,7 @@ class NgramTreeDrafter:
             if value < 1:
                 raise SelfspecError(f"{name}={value} must be >= 1")
         self.ngram_size, self.nodes, self.depth, self.width = ngram_size, nodes, depth, width
-        self.vocab_size, self.device = model.get_output_embeddings().weight.shape[0], model.device
+        self.vocab_size, self.device = model.get_output_embeddings().weight.shape[0], output_device(model)
         self.context: GenerationContext | None = None
 
     @property
