@@ -84,12 +84,15 @@ class DraftCosts:
     verify_ms: tuple[float, ...]  # [q - 1]: c(q), q = 1..len
     draft_ms: float  # d: one draft token (0 for copies from the context)
 
-    def step_ms(self, drafted: int) -> float:
-        return drafted * self.draft_ms + self.verify_ms[drafted]
+    def step_ms(self, drafted: int, nodes: int | None = None) -> float:
+        """`drafted` draft tokens, then a verify of `nodes` draft nodes plus the last token (a tree's leaves cost no
+        draft forward; None: the chain's `drafted`)."""
+        return drafted * self.draft_ms + self.verify_ms[drafted if nodes is None else nodes]
 
-    def speedup(self, emitted: float, drafted: int) -> float:
-        """A step that drafts `drafted` tokens and emits `emitted` on average, over plain decoding (c(1) a token)."""
-        return emitted * self.verify_ms[0] / self.step_ms(drafted)
+    def speedup(self, emitted: float, drafted: int, nodes: int | None = None) -> float:
+        """A step that drafts `drafted` tokens (verifies `nodes`, None: those) and emits `emitted` on average, over
+        plain decoding (c(1) a token)."""
+        return emitted * self.verify_ms[0] / self.step_ms(drafted, nodes)
 
 
 class CostMeter:

@@ -135,7 +135,7 @@ class DraftSettings:
     ngram_size: int
     ngram_tokens: int
     target_gate: Optional[float] = None
-    hybrid_policy: Optional[str] = "cost"  # self_spec_hybrid's policy (copies and model drafts); None: `policy`
+    hybrid_policy: Optional[str] = "cost"  # self_spec_hybrid's and the tree strategies' policy; None: `policy`
     tree_nodes: int  # token-tree strategies (`*_tree`): most nodes per tree, longest branch, most children per node,
     tree_depth: int
     tree_width: int

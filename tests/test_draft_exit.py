@@ -101,3 +101,37 @@ def test_cost_aware_policy_follows_the_draft_cost_it_meets():
     policy.observe_draft_ms(12.0)
     assert policy.costs.draft_ms == pytest.approx(0.9 * 2.0 + 0.1 * 12.0)
     DraftExit(3).observe_draft_ms(5.0)  # the other policies ignore it
+
+
+def shaped_after_two_drafts(verify_ms: tuple[float, ...]) -> tuple[CostAwareExit, tuple[list[int], list[int]]]:
+    """A 2-token chain (each calibrated at the prior 0.5: P(accepted) 0.5 and 0.25, so E = 1.75 tokens) and two
+    offered leaves of probability 0.3: `a` beside the first chain token (gain 0.3), `b` beside the second (0.5 x 0.3
+    = 0.15). d = 1 ms, so the chain alone runs at 1.75 x 10 / (2 + c(3) = 14) = 1.09x plain."""
+    policy = CostAwareExit(4, costs=DraftCosts(verify_ms, 1.0))
+    assert policy.plan(2) == 2
+    policy.should_stop(0.9)
+    policy.should_stop(0.9)
+    return policy, policy.shape_tree([-1, 0], ["a", "b"], [0.3, 0.3], max_nodes=8)
+
+
+def test_cost_aware_tree_adds_a_branch_only_where_the_wider_verify_pays():
+    # c(4) dips below c(3): a: 20.5 / (2 + 11) = 1.58x; a and b: 22 / (2 + 30) = 0.69x -> a only, beside the root
+    assert shaped_after_two_drafts((10.0, 12.0, 14.0, 11.0, 30.0))[1] == ([0], [-1])
+    # c(4) dear: a: 20.5 / 22 = 0.93x < 1.09x -> no branch
+    assert shaped_after_two_drafts((10.0, 12.0, 14.0, 20.0, 30.0))[1] == ([], [])
+    # c(4) dear but c(5) cheap: a alone 20.5 / 21 = 0.98x does not pay, a and b 22 / 13 = 1.69x do
+    assert shaped_after_two_drafts((10.0, 12.0, 14.0, 19.0, 11.0))[1] == ([0, 1], [-1, 0])
+    # c(q) measured up to q = 4 only: at most 3 nodes, the chain's 2 and a
+    assert shaped_after_two_drafts((10.0, 12.0, 14.0, 11.0))[1] == ([0], [-1])
+
+
+def test_cost_aware_tree_learns_each_branch_kind_from_the_accepted_path():
+    policy, _ = shaped_after_two_drafts((10.0, 12.0, 14.0, 19.0, 11.0))  # tree: chain 0 -> 1, a = 2 (root), b = 3 (0)
+    policy.update_tree([2])  # a accepted: the first chain token was judged and rejected, b's parent was not accepted
+    assert policy.branch_counts == {"a": [1.0, 1.0]}
+    assert policy.acceptance == pytest.approx(0.9 / (0.9 * 2 + 1))  # the chain: 0 of 1 judged token accepted
+    assert policy.branch_probability("a", 0.3) == pytest.approx((1 + 0.6) / 3)
+    policy, _ = shaped_after_two_drafts((10.0, 12.0, 14.0, 19.0, 11.0))
+    policy.update_tree([0, 3])  # b accepted after the first chain token: a was judged too, and rejected
+    assert policy.branch_counts == {"a": [0.0, 1.0], "b": [1.0, 1.0]}
+    assert policy.acceptance == pytest.approx(1.9 / 3.8)  # the chain: 1 of 2 judged tokens accepted

@@ -5,7 +5,8 @@ import random
 import pytest
 import torch
 
-from selfspec.decoding.draft_exit import DraftExit, ThresholdExit
+from selfspec.cost_model import DraftCosts
+from selfspec.decoding.draft_exit import CostAwareExit, DraftExit, ThresholdExit
 from selfspec.decoding.drafters import (Draft, GenerationContext, HybridDrafter, NgramTreeDrafter, SelfDrafter,
                                         SelfTreeDrafter, ngram_continuations)
 from selfspec.decoding.drafters.ngram_tree import add_branch
@@ -62,7 +63,7 @@ class RandomTreeDrafter:
             paths[i] = path
         return draft
 
-    def update(self, drafted, accepted):
+    def update(self, drafted, accepted, path=None):
         pass
 
 
@@ -225,3 +226,71 @@ def test_tree_strategies_and_settings(prompt):
                          ("draft.tree_branch_below=1.5", r"tree_branch_below=1.5 is outside \[0, 1\]")):
         with pytest.raises(SelfspecError, match=message):
             run_settings(key)
+
+
+def rising_costs(step_ms: float = 0.2, draft_ms: float = 0.0, n: int = 10) -> DraftCosts:
+    """c(q) = 10 + step_ms (q - 1) ms."""
+    return DraftCosts(tuple(10.0 + step_ms * q for q in range(n)), draft_ms)
+
+
+def test_cost_shaped_ngram_trees_stop_adding_a_branch_kind_that_is_not_accepted(model):
+    """After (5, 6): the 2-gram copies 7 8 9 6 3 (the chain); the 1-gram (6,) also copies 3 5 6, a fork beside 7.
+    Where verification always takes the chain, the 1-gram fork is rejected each time it is tried, and its kind
+    stops being added; where it always takes the fork, the fork stays (while the chain it beats shortens, until the
+    policy stops drafting and probes now and then)."""
+    tokens = [5, 6, 7, 8, 9, 6, 3, 5, 6]
+    for fork_wins in (False, True):
+        drafter = NgramTreeDrafter(model, 2, nodes=8, depth=5, width=3,
+                                   exit_policy=CostAwareExit(5, costs=rising_costs()))
+        drafter.begin(GenerationContext(new_cache(model, 32), SamplingSettings()))
+        had_fork = []
+        for _ in range(20):
+            draft = drafter.draft(tokens, 5)
+            if not draft.tokens:
+                continue
+            chain = list(range(len(draft.parents)))
+            chain = chain[:next((i for i in chain if draft.parents[i] != i - 1), len(chain))]  # nodes 0 -> 1 -> ...
+            assert [draft.tokens[i] for i in chain] == [7, 8, 9, 6, 3][:len(chain)] and chain
+            forks = [i for i, parent in enumerate(draft.parents) if parent == -1 and draft.tokens[i] == 3]
+            had_fork.append(bool(forks))
+            path = forks[:1] + [i for i in range(len(draft.tokens)) if draft.parents[i] == forks[0]][:1] \
+                if fork_wins and forks else chain
+            drafter.update(max(len(chain), len(path)), len(path), path)
+        assert had_fork[0]  # tried at first, at its prior
+        assert all(had_fork) and len(had_fork) >= 10 if fork_wins else not any(had_fork[-15:])
+        fork = drafter.exit_policy.branch_counts[("ngram", 1, 1, True)]
+        assert (fork[0] / fork[1] > 0.9) if fork_wins else fork[0] == 0.0
+
+
+def test_cost_shaped_trees_keep_greedy_output_under_random_costs(model, tokenizer):
+    prompt = tokenizer("def fib(n):\n    return fib(n - 1) + fib(n - 2)\n\ndef fib").input_ids  # repeats to copy
+    rng = random.Random(5)
+    branched = set()
+    for settings in (SamplingSettings(max_new_tokens=40), SamplingSettings(max_new_tokens=24, repetition_penalty=1.3)):
+        plain = generate(model, prompt, settings).new_tokens
+        for _ in range(2):
+            verify_ms = (10.0, *(rng.uniform(9.0, 11.5) for _ in range(8)))  # c(q) ms, q = 1..9: dips and rises
+            skip = make_skip_set(rng.sample(range(4), rng.randint(0, 2)), rng.sample(range(4), rng.randint(1, 2)), 4)
+            nodes, depth, width = rng.randint(4, 8), rng.randint(2, 5), rng.randint(2, 3)
+            tree = SelfTreeDrafter(model, skip, CostAwareExit(8, costs=DraftCosts(verify_ms, rng.uniform(0.0, 3.0))),
+                                   None, nodes, depth, width)
+            ngram = NgramTreeDrafter(model, rng.randint(1, 3), nodes, depth, width,
+                                     CostAwareExit(8, costs=DraftCosts(verify_ms, 0.0)))
+            for drafter in (tree, ngram, HybridDrafter(ngram, tree)):
+                result = generate(model, prompt, settings, drafter)
+                assert result.new_tokens == plain, (verify_ms, skip, nodes, depth, width, drafter)
+                assert all(s.tree_size <= nodes and s.tree_depth <= depth for s in result.steps)
+                branched |= {s.source for s in result.steps if s.tree_size > s.tree_depth}
+    assert branched == {"model", "ngram"}  # both drafters' trees had branches
+
+
+def test_tree_strategies_take_the_hybrid_policy(prompt):
+    model = tiny_model("llama", num_layers=4).double()
+    for overrides, shaped in ((["draft.hybrid_policy=cost"], True), (["draft.hybrid_policy=null"], False),
+                              (["draft=cost", "draft.hybrid_policy=null"], True)):
+        draft = run_settings(*overrides).draft
+        lookup, hybrid = (make_strategy(name, model, SamplingSettings(max_new_tokens=8), (), SkipSet((1,), (2,)),
+                                        draft).drafter for name in ("prompt_lookup_tree", "self_spec_tree"))
+        assert isinstance(lookup.exit_policy, CostAwareExit) == shaped
+        assert isinstance(hybrid.ngram.exit_policy, CostAwareExit) == shaped
+        assert isinstance(hybrid.fallback.exit_policy, CostAwareExit) == shaped

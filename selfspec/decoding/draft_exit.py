@@ -7,6 +7,7 @@ drafting pays on this machine (CostAwareExit below).
 """
 
 import dataclasses
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from selfspec.cost_model import DraftCosts, expected_emitted
@@ -114,6 +115,11 @@ class CostAwareExit(DraftExit):
     against verification in confidence bins, gives the chance that the draft so far survives; drafting stops as soon
     as no longer draft is expected to raise the step's speedup. Copies from the context count as confidence 1.0,
     calibrated by the copying drafter's own policy.
+
+    Token trees: the planned draft is the tree's chain; the tree drafters offer more nodes (runner-up tokens,
+    other copies), each with a key for its kind and a prior, and `shape_tree` keeps those whose expected accepted
+    tokens pay for the wider verify c(q); `update_tree` learns per key how often such a node is accepted once its
+    parent is (decayed more slowly, so a kind that stopped paying drifts back to its prior and is tried again).
     """
     costs: DraftCosts
     min_speedup: float = 1.02  # draft only where the expected speedup over plain decoding is at least this
@@ -127,6 +133,10 @@ class CostAwareExit(DraftExit):
     emitted: float = field(default=1.0, init=False)  # expected tokens the step emits if drafting stops now
     idle: int = field(default=0, init=False)  # steps since drafting last paid or was probed
     wait: int = field(default=FIRST_WAIT, init=False)
+    branch_decay: float = 0.97  # weight of a tree node kind's history at each verification (about 30 steps)
+    branch_counts: dict[Hashable, list[float]] = field(default_factory=dict, init=False)  # key: [accepted, tested]
+    branches: list[tuple[int, Hashable]] = field(default_factory=list, init=False)  # the last tree's nodes after
+    # its chain: (parent, key)
 
     def __post_init__(self):
         super().__post_init__()
@@ -155,7 +165,7 @@ class CostAwareExit(DraftExit):
     def plan(self, max_tokens: int) -> int:
         """The most tokens to draft this step (should_stop ends the draft sooner): 0 when no draft length is
         expected to pay, except every `wait` steps (a probe, so that the estimate can recover)."""
-        self.confidences, self.survival, self.emitted = [], 1.0, 1.0
+        self.confidences, self.survival, self.emitted, self.branches = [], 1.0, 1.0, []
         if self.best_length(max_tokens)[1] >= self.min_speedup:
             self.idle, self.wait = 0, FIRST_WAIT
             return self.longest(max_tokens)
@@ -183,7 +193,7 @@ class CostAwareExit(DraftExit):
 
     def calibrated(self, confidence: float) -> float:
         """P(verification accepts a draft token of this confidence): its bin's rate, shrunk to the overall rate."""
-        accepted, tested = self.bins[_bin(confidence)]
+        accepted, tested = self.bins[confidence_bin(confidence)]
         return (accepted + 2 * self.acceptance) / (tested + 2)
 
     def update(self, drafted: int, accepted: int) -> None:
@@ -196,13 +206,74 @@ class CostAwareExit(DraftExit):
             counts[0] *= self.decay
             counts[1] *= self.decay
         for i, confidence in enumerate(self.confidences[:tested]):
-            counts = self.bins[_bin(confidence)]
+            counts = self.bins[confidence_bin(confidence)]
             counts[0] += i < accepted
             counts[1] += 1
         self.confidences = []  # an update without a draft before it (a resumed run's replay) moves only the rate
 
+    def branch_probability(self, key: Hashable, prior: float) -> float:
+        """P(verification accepts a tree node of kind `key` once its parent is accepted): its kind's rate, shrunk
+        to `prior` (the drafter's guess, e.g. a runner-up's draft probability)."""
+        accepted, tested = self.branch_counts.get(key, (0.0, 0.0))
+        return (accepted + 2 * prior) / (tested + 2)
 
-def _bin(confidence: float) -> int:
+    def shape_tree(self, parents: list[int], keys: list[Hashable], priors: list[float], max_nodes: int
+                   ) -> tuple[list[int], list[int]]:
+        """Which offered nodes join the chain just drafted (the k tokens should_stop saw, nodes 0..k-1): node j of
+        the offer has tree index k + j and parent `parents[j]` (-1 the root, a chain node or an earlier offered
+        node). Nodes join one at a time, the one adding most expected accepted tokens (P(parent accepted) x
+        `branch_probability`) first, a node only after its parent and its earlier offered siblings (which keeps
+        sampled-without-replacement siblings in their draw order); then the count that maximises the expected
+        speedup with c(nodes + 1) is kept, none when no extra node pays. At most `max_nodes` nodes in all.
+        Returns (the offered indices kept, in tree order; their parents in the tree)."""
+        k = len(self.confidences)
+        reach = {-1: 1.0}  # tree index -> P(that node is accepted)
+        for i, confidence in enumerate(self.confidences):
+            reach[i] = reach[i - 1] * self.calibrated(confidence)
+        order, gains = [], []
+        room = min(max_nodes, len(self.costs.verify_ms) - 1) - k
+        while len(order) < room:
+            ready, seen = [], set()
+            for j in range(len(parents)):
+                if k + j in reach or parents[j] in seen:
+                    continue
+                seen.add(parents[j])  # the first offered child of each parent not yet in the tree
+                if parents[j] in reach:
+                    ready.append(j)
+            if not ready:
+                break
+            gain = {j: reach[parents[j]] * self.branch_probability(keys[j], priors[j]) for j in ready}
+            best = max(ready, key=gain.get)  # the earliest offered among equals
+            reach[k + best] = gain[best]
+            order.append(best)
+            gains.append(gain[best])
+        speedups = [self.costs.speedup(self.emitted + sum(gains[:m]), k, k + m) for m in range(len(order) + 1)]
+        kept = order[:speedups.index(max(speedups))]  # the fewest nodes among equal speedups
+        index = {i: i for i in range(-1, k)} | {k + j: k + n for n, j in enumerate(kept)}
+        tree_parents = [index[parents[j]] for j in kept]
+        self.branches = [(parent, keys[j]) for parent, j in zip(tree_parents, kept)]
+        return kept, tree_parents
+
+    def update_tree(self, path: list[int]) -> None:
+        """Verification accepted the tree nodes `path` (root first) of the tree shape_tree shaped: the chain's part
+        updates the acceptance rate and confidence bins as a chain does; every offered node whose parent was
+        accepted was judged, and counts for its kind."""
+        k = len(self.confidences)
+        accepted = set(path)
+        self.update(k, sum(1 for i in path if i < k))
+        for counts in self.branch_counts.values():
+            counts[0] *= self.branch_decay
+            counts[1] *= self.branch_decay
+        for node, (parent, key) in enumerate(self.branches, start=k):
+            if parent == -1 or parent in accepted:
+                counts = self.branch_counts.setdefault(key, [0.0, 0.0])
+                counts[0] += node in accepted
+                counts[1] += 1
+        self.branches = []
+
+
+def confidence_bin(confidence: float) -> int:
+    """The calibration bin of a draft confidence (draft probability) in [0, 1]."""
     return min(int(confidence * CONFIDENCE_BINS), CONFIDENCE_BINS - 1)
 
 

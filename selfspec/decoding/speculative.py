@@ -152,6 +152,6 @@ def tree_step(model, context: GenerationContext, tokens: list[int], remaining: i
     step = StepRecord(len(draft.tokens), len(path), len(new), drafter.threshold, draft_s, clock(device) - t1,
                       draft.source if draft.tokens else "", confidence, gated, len(draft.tokens), depth)
     if draft.tokens:
-        drafter.update(depth, len(path))
+        drafter.update(depth, len(path), path)
     return new, step
 

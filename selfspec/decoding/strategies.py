@@ -6,7 +6,8 @@ Names: `plain`; `self_spec` (the configured draft exit) or `self_spec_<fixed|thr
 `draft.hybrid_policy`, the cost-aware exit unless set otherwise); `prompt_lookup` (n-gram copies only); `two_model` (needs `draft_model`); `kangaroo` (needs
 `kangaroo.adapter_path`); the HF generate baselines `hf_*` (see hf_baselines.py). Token trees (decoding/tree.py,
 `draft.tree_*`): `prompt_lookup_tree` (several n-gram copies in a trie) and `self_spec_tree` (that trie when the
-context has matches, else the layer-skip draft branching where it is unsure). Every drafting strategy
+context has matches, else the layer-skip draft branching where it is unsure); both under `draft.hybrid_policy` as
+self_spec_hybrid, where the cost-aware exit shapes each tree (depth, branches, none) from the measured costs. Every drafting strategy
 takes `draft.target_gate`.
 """
 
@@ -29,6 +30,7 @@ from selfspec.models.kangaroo_adapter import load_adapter
 from selfspec.models.skip import SkipSet, decoder_layers
 from selfspec.settings import POLICIES, DraftSettings, HFSettings, KangarooSettings
 
+TREE_STRATEGIES = ("prompt_lookup_tree", "self_spec_tree")  # their draft exit: draft.hybrid_policy, as self_spec_hybrid's
 NAMES = ("plain", "self_spec", *(f"self_spec_{p}" for p in (*POLICIES, "searched", "hybrid")), "prompt_lookup",
          "two_model", "kangaroo", *HF_STRATEGIES, "prompt_lookup_tree", "self_spec_tree")
 
@@ -71,7 +73,7 @@ def make_strategy(name: str, model, settings: SamplingSettings, end_ids: tuple[i
         return Strategy(name, model, settings, end_ids)
     suffix = name.removeprefix("self_spec_")
     policy = suffix if suffix in POLICIES else draft.policy
-    if name == "self_spec_hybrid":
+    if name in ("self_spec_hybrid", *TREE_STRATEGIES):
         policy = draft.hybrid_policy or draft.policy
     costs = costs or cost_meter(model, draft)
 
@@ -96,13 +98,13 @@ def make_strategy(name: str, model, settings: SamplingSettings, end_ids: tuple[i
         drafter = HybridDrafter(copier, SelfDrafter(model, skip, exit_policy(skip, draft_head), draft_head))
     elif name == "prompt_lookup":
         drafter = NgramDrafter(model, draft.ngram_size, draft.ngram_tokens)
-    elif name == "prompt_lookup_tree":
-        drafter = NgramTreeDrafter(model, draft.ngram_size, draft.tree_nodes, draft.tree_depth, draft.tree_width)
-    elif name == "self_spec_tree":
-        drafter = HybridDrafter(
-            NgramTreeDrafter(model, draft.ngram_size, draft.tree_nodes, draft.tree_depth, draft.tree_width),
-            SelfTreeDrafter(model, skip, exit_policy(skip, draft_head), draft_head, draft.tree_nodes, draft.tree_depth,
-                            draft.tree_width, draft.tree_branch_below))
+    elif name in TREE_STRATEGIES:
+        drafter = NgramTreeDrafter(model, draft.ngram_size, draft.tree_nodes, draft.tree_depth, draft.tree_width,
+                                   exit_policy() if policy == "cost" else None)
+        if name == "self_spec_tree":
+            drafter = HybridDrafter(drafter, SelfTreeDrafter(model, skip, exit_policy(skip, draft_head), draft_head,
+                                                             draft.tree_nodes, draft.tree_depth, draft.tree_width,
+                                                             draft.tree_branch_below))
     elif name == "two_model":
         if draft_model is None:
             raise SelfspecError("strategy two_model needs a draft model: set draft_model=<option>, e.g. draft_model=tiny_llama")
@@ -115,4 +117,4 @@ def make_strategy(name: str, model, settings: SamplingSettings, end_ids: tuple[i
 
 def cost_meter(model, draft: DraftSettings) -> CostMeter:
     """The meter the cost-aware exit reads, for verifies as wide as any draft of `draft`'s drafters (plus one)."""
-    return CostMeter(model, max(draft.max_tokens, draft.ngram_tokens) + 1)
+    return CostMeter(model, max(draft.max_tokens, draft.ngram_tokens, draft.tree_nodes) + 1)

@@ -58,8 +58,9 @@ class Drafter(Protocol):
         """Up to `max_tokens` tokens to follow `tokens`; all but the last of `tokens` are in the cache. For a tree
         drafter `max_tokens` caps the depth of its branches; its node budget is its `max_tokens` property."""
 
-    def update(self, drafted: int, accepted: int) -> None:
-        """The full model accepted `accepted` of the `drafted` tokens of the last draft."""
+    def update(self, drafted: int, accepted: int, path: list[int] | None = None) -> None:
+        """The full model accepted `accepted` of the `drafted` tokens of the last draft; for a tree draft, `drafted`
+        is its depth and `path` the accepted nodes' indices, root first (None: a chain, or a replayed step)."""
 
 
 def cut_at_end(tokens: list[int], end_ids: tuple[int, ...]) -> list[int]:
@@ -88,7 +89,7 @@ class ExitPolicyDrafter:
     def begin(self, context: GenerationContext) -> None:
         self.context = context
 
-    def update(self, drafted: int, accepted: int) -> None:
+    def update(self, drafted: int, accepted: int, path: list[int] | None = None) -> None:
         self.exit_policy.update(drafted, accepted)
 
     def draft_loop(self, next_logits: Callable[[list[int], int], torch.Tensor], tokens: list[int], cached: int,

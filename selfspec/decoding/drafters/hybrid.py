@@ -31,5 +31,5 @@ class HybridDrafter:
         self.last_source = draft.source
         return draft
 
-    def update(self, drafted: int, accepted: int) -> None:
-        (self.ngram if self.last_source == NGRAM else self.fallback).update(drafted, accepted)
+    def update(self, drafted: int, accepted: int, path: list[int] | None = None) -> None:
+        (self.ngram if self.last_source == NGRAM else self.fallback).update(drafted, accepted, path)

@@ -2,20 +2,24 @@
 
 import torch
 
-from selfspec.decoding.draft_exit import DraftExit
+from selfspec.decoding.draft_exit import CostAwareExit, DraftExit, confidence_bin
 from selfspec.decoding.drafters.base import Draft
 from selfspec.decoding.drafters.layer_skip import SelfDrafter
 from selfspec.decoding.sampling import sample, scores
 from selfspec.errors import SelfspecError
 from selfspec.models.draft_head import DraftHead
 from selfspec.models.skip import SkipSet, skipping
+from selfspec.timing import clock
 
 
 class SelfTreeDrafter(SelfDrafter):
     """The layer-skip draft's chain (its draft-exit policy plans and ends it), and wherever the draft's top probability is
     below `branch_below`, up to `width - 1` more children of the same parent as leaves: the next most likely tokens
     (greedy) or more tokens sampled without replacement (each with the renormalised q it was drawn from). At most
-    `nodes` nodes and `depth` levels. Leaves cost no draft forward; the verify forward checks them all at once."""
+    `nodes` nodes and `depth` levels. Leaves cost no draft forward; the verify forward checks them all at once.
+    Under the cost-aware exit the tree's shape is the policy's: it plans the chain as for a chain draft, and of the
+    `width - 1` runner-ups at every chain position it keeps those whose calibrated chance of acceptance pays for
+    the wider verify (`CostAwareExit.shape_tree`; `branch_below` is not used)."""
 
     def __init__(self, model, skip: SkipSet, exit_policy: DraftExit, head: DraftHead | None = None, nodes: int = 8,
                  depth: int = 5, width: int = 3, branch_below: float = 0.6):
@@ -36,7 +40,15 @@ class SelfTreeDrafter(SelfDrafter):
         if depth == 0:
             return Draft()
         with skipping(self.model, self.skip):
+            if isinstance(self.exit_policy, CostAwareExit):
+                return self.shaped_tree(tokens, depth)
             return self.tree_loop(tokens, depth)
+
+    def update(self, drafted: int, accepted: int, path: list[int] | None = None) -> None:
+        if path is not None and isinstance(self.exit_policy, CostAwareExit):
+            self.exit_policy.update_tree(path)
+        else:
+            self.exit_policy.update(drafted, accepted)
 
     def tree_loop(self, tokens: list[int], depth: int) -> Draft:
         """Draft the chain one token at a time over the shared cache, branching at unsure positions."""
@@ -61,6 +73,38 @@ class SelfTreeDrafter(SelfDrafter):
                     or len(draft.tokens) == self.nodes or draft.tokens[parent] in context.end_ids):
                 return draft
             logits = self.next_logits([draft.tokens[parent]], len(history) - 1)
+
+    def shaped_tree(self, tokens: list[int], depth: int) -> Draft:
+        """The chain as the cost-aware policy drafts it, offering the runner-ups of every position; the policy keeps
+        those that pay. A rank-r runner-up is keyed by r and the bin of the r-th largest draft probability, its
+        prior: the sorted probabilities, not the sampled token's own, so which leaves join never depends on their
+        drawn values (sampled verification stays exact; greedy runner-ups are those top tokens anyway)."""
+        context, settings, policy = self.context, self.context.settings, self.exit_policy
+        start = clock()  # the verification before ended on the host: nothing of it is still queued
+        history = list(tokens)
+        logits = self.next_logits(history[-1:], len(history) - 1)  # (vocab,)
+        chain, chain_q, offered = [], [], []  # offered: (parent, token, q, key, prior)
+        while True:
+            row = scores(logits[None], history, len(history), context.processor)[0]  # (vocab,)
+            probs = torch.softmax(row, dim=-1)
+            (token, q), *runner_ups = branches(probs, self.width, settings.greedy, context.generator)
+            top = probs.topk(len(runner_ups) + 1).values.tolist()
+            for rank, (other, other_q) in enumerate(runner_ups, 1):
+                offered.append((len(chain) - 1, other, other_q, ("model", rank, confidence_bin(top[rank])), top[rank]))
+            chain.append(token)
+            chain_q.append(q)
+            history.append(token)
+            if (policy.should_stop(float(probs.max())) or len(chain) == depth or len(chain) == self.nodes
+                    or token in context.end_ids):
+                break
+            logits = self.next_logits([token], len(history) - 1)
+        policy.observe_draft_ms(1000 * (clock(logits.device) - start) / len(chain))
+        kept, parents = policy.shape_tree([o[0] for o in offered], [o[3] for o in offered], [o[4] for o in offered],
+                                          self.nodes)
+        draft = Draft(chain + [offered[j][1] for j in kept], parents=list(range(-1, len(chain) - 1)) + parents)
+        if not settings.greedy:
+            draft.probs = chain_q + [offered[j][2] for j in kept]
+        return draft
 
 
 def branches(probs: torch.Tensor, width: int, greedy: bool, generator) -> list[tuple[int, torch.Tensor | None]]:

@@ -48,16 +48,21 @@ class NgramDrafter:
         one_hot[range(len(copied)), copied] = 1.0
         return Draft(copied, list(one_hot), NGRAM)
 
-    def update(self, drafted: int, accepted: int) -> None:
+    def update(self, drafted: int, accepted: int, path: list[int] | None = None) -> None:
         if self.exit_policy:
             self.exit_policy.update(drafted, accepted)
 
     def _cut(self, copied: list[int]) -> list[int]:
-        copied = copied[:self.exit_policy.plan(len(copied))]
-        for length in range(1, len(copied) + 1):
-            if self.exit_policy.should_stop(1.0):
-                return copied[:length]
-        return copied
+        return cut_copy(self.exit_policy, copied)
+
+
+def cut_copy(exit_policy: DraftExit, copied: list[int]) -> list[int]:
+    """As much of a copy as `exit_policy` drafts: its plan, then a should_stop per copied token (confidence 1.0)."""
+    copied = copied[:exit_policy.plan(len(copied))]
+    for length in range(1, len(copied) + 1):
+        if exit_policy.should_stop(1.0):
+            return copied[:length]
+    return copied
 
 
 def ngram_continuation(tokens: list[int], ngram_size: int, max_tokens: int) -> list[int]:

@@ -2,40 +2,57 @@
 
 import torch
 
+from selfspec.decoding.draft_exit import CostAwareExit
 from selfspec.decoding.drafters.base import Draft, GenerationContext, cut_at_end
-from selfspec.decoding.drafters.ngram import NGRAM
+from selfspec.decoding.drafters.ngram import NGRAM, cut_copy
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import output_device
+
+RANKS = 2  # n-gram tree nodes learnt apart by the rank of their copy: 1, 2 and later
 
 
 class NgramTreeDrafter:
     """The distinct continuations of the context's last n tokens (n = ngram_size down to 1, latest match first),
     merged into a trie of at most `nodes` nodes, `depth` levels and `width` children per node. Copies are
     deterministic, so each node's q is one-hot (sampled verification: accept x with probability p(x), else p loses
-    x). The first branch is what `NgramDrafter` would copy."""
+    x). The first branch is what `NgramDrafter` would copy.
 
-    threshold = 0.0
+    With the cost-aware exit (`exit_policy`) the first copy is the tree's chain, cut as `NgramDrafter` cuts it, and
+    the later copies' nodes are offered to the policy (`CostAwareExit.shape_tree`), learnt apart by the match length
+    n, the copy's rank and whether the node forks off beside an existing sibling: a kind of branch that is rarely
+    accepted (1-gram forks, say) stops being added, and no copy is drafted where none pays."""
 
-    def __init__(self, model, ngram_size: int = 2, nodes: int = 8, depth: int = 5, width: int = 3):
+    def __init__(self, model, ngram_size: int = 2, nodes: int = 8, depth: int = 5, width: int = 3,
+                 exit_policy: CostAwareExit | None = None):
         for name, value in (("ngram_size", ngram_size), ("tree_nodes", nodes), ("tree_depth", depth),
                             ("tree_width", width)):
             if value < 1:
                 raise SelfspecError(f"{name}={value} must be >= 1")
         self.ngram_size, self.nodes, self.depth, self.width = ngram_size, nodes, depth, width
         self.vocab_size, self.device = model.get_output_embeddings().weight.shape[0], output_device(model)
+        self.exit_policy = exit_policy
         self.context: GenerationContext | None = None
 
     @property
     def max_tokens(self) -> int:
         return self.nodes
 
+    @property
+    def threshold(self) -> float:
+        return self.exit_policy.threshold if self.exit_policy else 0.0
+
     def begin(self, context: GenerationContext) -> None:
         self.context = context
 
     def draft(self, tokens: list[int], max_tokens: int) -> Draft:
-        draft = Draft(source=NGRAM, parents=[])
-        for branch in ngram_continuations(tokens, self.ngram_size, min(max_tokens, self.depth), limit=self.nodes):
-            add_branch(draft, cut_at_end(branch, self.context.end_ids), self.nodes, self.width)
+        matches = ngram_matches(tokens, self.ngram_size, min(max_tokens, self.depth), limit=self.nodes)
+        copies = [(n, cut_at_end(branch, self.context.end_ids)) for n, branch in matches]
+        if self.exit_policy:
+            draft = self.shaped_trie(copies)
+        else:
+            draft = Draft(source=NGRAM, parents=[])
+            for _, branch in copies:
+                add_branch(draft, branch, self.nodes, self.width)
         if not draft.tokens:
             return Draft()
         if not self.context.settings.greedy:
@@ -44,30 +61,59 @@ class NgramTreeDrafter:
             draft.probs = list(one_hot)
         return draft
 
-    def update(self, drafted: int, accepted: int) -> None:
-        pass
+    def update(self, drafted: int, accepted: int, path: list[int] | None = None) -> None:
+        if self.exit_policy is None:
+            return
+        if path is None:
+            self.exit_policy.update(drafted, accepted)
+        else:
+            self.exit_policy.update_tree(path)
+
+    def shaped_trie(self, copies: list[tuple[int, list[int]]]) -> Draft:
+        """The first copy, cut by the policy, as the chain; the later copies' nodes as the policy keeps them."""
+        chain = cut_copy(self.exit_policy, copies[0][1]) if copies else []
+        if not chain:
+            return Draft()
+        trie = Draft(list(chain), parents=list(range(-1, len(chain) - 1)))
+        keys, priors, acceptance = [], [], self.exit_policy.acceptance
+        for rank, (n, branch) in enumerate(copies[1:], 1):
+            for node in add_branch(trie, branch, self.nodes, self.width):
+                fork = trie.parents.index(trie.parents[node]) < node  # an earlier sibling: the copies part here
+                keys.append(("ngram", n, min(rank, RANKS), fork))
+                # a fork wins only where its earlier siblings lose; a node that goes on with its copy, as copies do
+                priors.append((1 - acceptance) / (1 + rank) if fork else acceptance)
+        kept, parents = self.exit_policy.shape_tree(trie.parents[len(chain):], keys, priors, self.nodes)
+        return Draft(chain + [trie.tokens[len(chain) + j] for j in kept], source=NGRAM,
+                     parents=list(range(-1, len(chain) - 1)) + parents)
 
 
-def ngram_continuations(tokens: list[int], ngram_size: int, max_tokens: int, limit: int) -> list[list[int]]:
+def ngram_matches(tokens: list[int], ngram_size: int, max_tokens: int, limit: int) -> list[tuple[int, list[int]]]:
     """Up to `limit` distinct continuations (at most `max_tokens` long) of earlier occurrences of the context's last
-    n tokens, n = ngram_size down to 1, latest occurrence first within each n."""
-    found = []
+    n tokens, n = ngram_size down to 1, latest occurrence first within each n; each with its n."""
+    found, seen = [], []
     for n in range(min(ngram_size, len(tokens) - 1), 0, -1):
         tail = tokens[-n:]
         for start in range(len(tokens) - n - 1, -1, -1):
             if tokens[start:start + n] == tail:
                 continuation = tokens[start + n:start + n + max_tokens]
-                if continuation not in found:
-                    found.append(continuation)
+                if continuation not in seen:
+                    seen.append(continuation)
+                    found.append((n, continuation))
                     if len(found) == limit:
                         return found
     return found
 
 
-def add_branch(draft: Draft, branch: list[int], nodes: int, width: int) -> None:
+def ngram_continuations(tokens: list[int], ngram_size: int, max_tokens: int, limit: int) -> list[list[int]]:
+    """`ngram_matches` without their n."""
+    return [continuation for _, continuation in ngram_matches(tokens, ngram_size, max_tokens, limit)]
+
+
+def add_branch(draft: Draft, branch: list[int], nodes: int, width: int) -> list[int]:
     """Merge `branch` into the trie `draft` (tokens and parents) from the root down, sharing the nodes of an equal
-    prefix; stop where the trie is full (`nodes`) or the node to extend already has `width` children."""
-    parent = -1
+    prefix; stop where the trie is full (`nodes`) or the node to extend already has `width` children. Returns the
+    indices of the nodes it added."""
+    parent, added = -1, []
     for token in branch:
         siblings = [i for i, p in enumerate(draft.parents) if p == parent]
         same = [i for i in siblings if draft.tokens[i] == token]
@@ -75,7 +121,9 @@ def add_branch(draft: Draft, branch: list[int], nodes: int, width: int) -> None:
             parent = same[0]
             continue
         if len(draft.tokens) == nodes or len(siblings) == width:
-            return
+            return added
         draft.tokens.append(token)
         draft.parents.append(parent)
         parent = len(draft.tokens) - 1
+        added.append(parent)
+    return added
