@@ -78,9 +78,11 @@ def test_tree_mask_shows_each_node_the_prefix_its_ancestors_and_itself():
                 [1, 1, 1, 1, 0, 1, 0, 0, 1]]
     assert allowed.int().tolist() == expected
     sliding = tree_attention_mask(parents, 3, torch.float64, "cpu", sliding_window=3)[0, 0] == 0
+    # a sliding layer hands attention the last window - 1 = 2 prefix keys (cache index 1 on) before the root
+    assert sliding.shape == (6, 8)
     # node 3 (row 4) is at position 3 + 3 = 6 and sees positions 4..6: its ancestors at 4 and 5, not the prefix
-    assert sliding[4].int().tolist() == [0, 0, 0, 0, 1, 0, 1, 1, 0]
-    assert sliding[0].int().tolist() == [0, 1, 1, 1, 0, 0, 0, 0, 0]  # the root at position 3 sees 1..3
+    assert sliding[4].int().tolist() == [0, 0, 0, 1, 0, 1, 1, 0]
+    assert sliding[0].int().tolist() == [1, 1, 1, 0, 0, 0, 0, 0]  # the root at position 3 sees 1..3
     with pytest.raises(ValueError, match="node 1 has parent 1"):
         tree_attention_mask([-1, 1], 3, torch.float64, "cpu")
 

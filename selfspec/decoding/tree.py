@@ -40,7 +40,9 @@ def tree_attention_mask(parents: list[int], start: int, dtype: torch.dtype, devi
                         sliding_window: int | None = None) -> torch.Tensor:
     """(1, 1, n+1, start+n+1) additive mask for [root, nodes...] fed at cache index `start` on: 0 where a row may
     attend (the cache prefix, its ancestors, itself), the dtype's minimum elsewhere. With `sliding_window`, a row
-    at position p sees only keys at positions > p - sliding_window, as transformers' sliding-window mask."""
+    at position p sees only keys at positions > p - sliding_window, as transformers' sliding-window mask, and the
+    mask's columns start at cache index max(start - sliding_window + 1, 0), where the keys a sliding cache layer
+    hands attention start (models/cache.py); no row could see the keys before."""
     paths = tree_paths(parents)
     rows = len(paths)
     sees_tree = torch.zeros(rows, rows, dtype=torch.bool)  # (n+1, n+1)
@@ -51,6 +53,7 @@ def tree_attention_mask(parents: list[int], start: int, dtype: torch.dtype, devi
         positions = start + torch.tensor([len(path) for path in paths])  # (n+1,)
         key_positions = torch.cat([torch.arange(start), positions])  # (start+n+1,)
         allowed &= key_positions[None, :] > positions[:, None] - sliding_window
+        allowed = allowed[:, max(start - sliding_window + 1, 0):]
     mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[None, None].to(device)
 

@@ -2,22 +2,28 @@
 
 Each layer preallocates `max_len` positions and hands attention a view of exactly the valid prefix, so the
 attention math (and its rounding) is the same as with transformers' DynamicCache. Sliding-window layers
-keep full length too: their window comes from the attention mask, so a draft that runs ahead never
-overwrites entries a later verification needs. Every forward first rewinds all layers to the position of
-its first input token; layers skipped by a draft write nothing and are simply rewound with the rest.
+(Gemma-2/3) keep full length too, so a draft that runs ahead never overwrites entries a later verification
+needs, but hand attention only what transformers' DynamicSlidingWindowLayer would: the last window - 1
+cached entries plus the new ones, with `get_mask_sizes` to match. On long prompts that is a window instead
+of the whole prefix on most of Gemma-3's layers, and transformers' masking then skips the sliding mask.
+Every forward first rewinds all layers to the position of its first input token; layers skipped by a draft
+write nothing and are simply rewound with the rest.
 """
 
 import torch
 from transformers import Cache, DynamicLayer
+from transformers.cache_utils import get_layer_types_and_kwargs
 
 from selfspec.models.devices import input_device
 from selfspec.models.output_layer import model_logits
 
 
 class RewindableLayer(DynamicLayer):
-    def __init__(self, max_len: int):
+    def __init__(self, max_len: int, sliding_window: int | None = None):
         super().__init__()
         self.max_len, self.length = max_len, 0
+        self.sliding_window = sliding_window
+        self.is_sliding = sliding_window is not None  # transformers' masking picks the sliding mask's sizes by it
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         """Buffers in the dtype and on the device of the first keys/values: the layer's own, under a device map."""
@@ -31,11 +37,21 @@ class RewindableLayer(DynamicLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        end = self.length + key_states.shape[-2]
+        first, end = self.first_visible(self.length), self.length + key_states.shape[-2]
         self.key_buffer[:, :, self.length:end] = key_states
         self.value_buffer[:, :, self.length:end] = value_states
         self.rewind(end)
-        return self.keys, self.values  # (batch, kv_heads, end, head_dim)
+        return self.key_buffer[:, :, first:end], self.value_buffer[:, :, first:end]  # (batch, kv_heads, end-first, dim)
+
+    def first_visible(self, start: int) -> int:
+        """The first cache index attention sees for queries from `start` on: 0, or on a sliding layer the first of the
+        last window - 1 entries before `start` (as DynamicSlidingWindowLayer keeps)."""
+        return 0 if self.sliding_window is None else max(start - self.sliding_window + 1, 0)
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        """(kv_length, kv_offset) of the keys the next `update` returns, for transformers' mask functions."""
+        first = self.first_visible(self.length)
+        return self.length - first + query_length, first
 
     def rewind(self, length: int) -> None:
         self.length = length
@@ -59,8 +75,12 @@ class RewindableLayer(DynamicLayer):
 
 
 class RewindableCache(Cache):
-    def __init__(self, num_layers: int, max_len: int):
-        super().__init__(layers=[RewindableLayer(max_len) for _ in range(num_layers)])
+    def __init__(self, num_layers: int, max_len: int, sliding_windows: list[int | None] | None = None):
+        """`sliding_windows`: per layer its window, None for full attention (default: every layer full)."""
+        windows = sliding_windows or [None] * num_layers
+        if len(windows) != num_layers:
+            raise ValueError(f"{len(windows)} sliding windows for {num_layers} layers")
+        super().__init__(layers=[RewindableLayer(max_len, window) for window in windows])
         self.max_len = max_len
 
     def rewind(self, length: int) -> None:
@@ -76,7 +96,12 @@ class RewindableCache(Cache):
 
 
 def new_cache(model, max_len: int) -> RewindableCache:
-    return RewindableCache(model.config.get_text_config().num_hidden_layers, max_len)
+    """A cache for `model` with a sliding layer wherever transformers' DynamicCache would put one."""
+    config = model.config.get_text_config(decoder=True)
+    layer_types, layer_kwargs = get_layer_types_and_kwargs(config)
+    windows = [kwargs["sliding_window"] if kind == "sliding_attention" else None
+               for kind, kwargs in zip(layer_types, layer_kwargs)]
+    return RewindableCache(config.num_hidden_layers, max_len, windows)
 
 
 def _inputs(model, cache: RewindableCache, input_ids: list[int], start: int) -> dict:
