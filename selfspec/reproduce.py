@@ -30,7 +30,7 @@ class Experiment:
     overrides: tuple[str, ...]
 
 
-# smoke: every figure element on the embedded SmolLM2 in a few minutes (1-3 prompts, 32 tokens, short sweeps)
+# smoke: every figure element on the embedded SmolLM2 at the smallest useful scale (1-3 prompts, 32 tokens, short sweeps)
 SMOKE = (
     Experiment("threshold_sweep", True, ("draft=threshold,adaptive", "draft.threshold=0.2,0.8", "data.limit=2",
                                          "sampling.max_new_tokens=32")),
