@@ -8,7 +8,7 @@ import torch
 from selfspec.cost_model import DraftCosts
 from selfspec.decoding.draft_exit import CostAwareExit, DraftExit, ThresholdExit
 from selfspec.decoding.drafters import (Draft, GenerationContext, HybridDrafter, NgramTreeDrafter, SelfDrafter,
-                                        SelfTreeDrafter, ngram_continuations)
+                                        SelfTreeDrafter, ngram_matches)
 from selfspec.decoding.drafters.ngram_tree import add_branch
 from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.speculative import generate, prefill, speculative_step
@@ -205,8 +205,8 @@ def test_layer_skip_tree_branches_only_where_the_draft_is_unsure(prompt):
 def test_ngram_trie_merges_distinct_continuations_within_its_budget():
     tokens = [5, 6, 7, 8, 9, 5, 6, 7, 3, 5, 6, 4, 4, 5, 6]
     # after (5, 6): latest first 4 4 5 6, then 7 3 5 6, then 7 8 9 5; then the 1-gram (6,) adds nothing new
-    assert ngram_continuations(tokens, 2, 4, limit=8) == [[4, 4, 5, 6], [7, 3, 5, 6], [7, 8, 9, 5]]
-    assert ngram_continuations(tokens, 2, 4, limit=2) == [[4, 4, 5, 6], [7, 3, 5, 6]]
+    assert ngram_matches(tokens, 2, 4, limit=8) == [(2, [4, 4, 5, 6]), (2, [7, 3, 5, 6]), (2, [7, 8, 9, 5])]
+    assert ngram_matches(tokens, 2, 4, limit=2) == [(2, [4, 4, 5, 6]), (2, [7, 3, 5, 6])]
     draft = Draft(parents=[])
     for branch in ([4, 4, 5, 6], [7, 3, 5, 6], [7, 8, 9, 5], [1, 2]):
         add_branch(draft, branch, nodes=10, width=2)

@@ -13,7 +13,7 @@ from transformers import LogitsProcessorList
 
 from selfspec.decoding.drafters import Draft
 from selfspec.decoding.sampling import accept_probability, residual, sample
-from selfspec.models.cache import RewindableCache
+from selfspec.models.cache import RewindableCache, first_visible
 from selfspec.models.devices import input_device
 from selfspec.models.output_layer import model_logits
 
@@ -53,7 +53,7 @@ def tree_attention_mask(parents: list[int], start: int, dtype: torch.dtype, devi
         positions = start + torch.tensor([len(path) for path in paths])  # (n+1,)
         key_positions = torch.cat([torch.arange(start), positions])  # (start+n+1,)
         allowed &= key_positions[None, :] > positions[:, None] - sliding_window
-        allowed = allowed[:, max(start - sliding_window + 1, 0):]
+        allowed = allowed[:, first_visible(start, sliding_window):]
     mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[None, None].to(device)
 

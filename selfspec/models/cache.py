@@ -44,9 +44,7 @@ class RewindableLayer(DynamicLayer):
         return self.key_buffer[:, :, first:end], self.value_buffer[:, :, first:end]  # (batch, kv_heads, end-first, dim)
 
     def first_visible(self, start: int) -> int:
-        """The first cache index attention sees for queries from `start` on: 0, or on a sliding layer the first of the
-        last window - 1 entries before `start` (as DynamicSlidingWindowLayer keeps)."""
-        return 0 if self.sliding_window is None else max(start - self.sliding_window + 1, 0)
+        return first_visible(start, self.sliding_window)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         """(kv_length, kv_offset) of the keys the next `update` returns, for transformers' mask functions."""
@@ -72,6 +70,12 @@ class RewindableLayer(DynamicLayer):
             self.key_buffer[:, :, first:end] = self.key_buffer[:, :, index]  # indexing copies: overlap is safe
             self.value_buffer[:, :, first:end] = self.value_buffer[:, :, index]
         self.rewind(end)
+
+
+def first_visible(start: int, sliding_window: int | None) -> int:
+    """The first cache index attention sees for queries from `start` on: 0, or on a sliding layer the first of the
+    last window - 1 entries before `start` (as DynamicSlidingWindowLayer keeps)."""
+    return 0 if sliding_window is None else max(start - sliding_window + 1, 0)
 
 
 class RewindableCache(Cache):

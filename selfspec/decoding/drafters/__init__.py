@@ -13,10 +13,10 @@ from selfspec.decoding.drafters.hybrid import HybridDrafter
 from selfspec.decoding.drafters.kangaroo import KangarooDrafter
 from selfspec.decoding.drafters.layer_skip import SelfDrafter
 from selfspec.decoding.drafters.layer_skip_tree import SelfTreeDrafter
-from selfspec.decoding.drafters.ngram import NGRAM, NgramDrafter, ngram_continuation
-from selfspec.decoding.drafters.ngram_tree import NgramTreeDrafter, ngram_continuations
+from selfspec.decoding.drafters.ngram import NGRAM, NgramDrafter, ngram_continuation, ngram_matches
+from selfspec.decoding.drafters.ngram_tree import NgramTreeDrafter
 from selfspec.decoding.drafters.two_model import ModelDrafter
 
 __all__ = ["Draft", "Drafter", "ExitPolicyDrafter", "GenerationContext", "HybridDrafter", "KangarooDrafter",
            "ModelDrafter", "NGRAM", "NgramDrafter", "NgramTreeDrafter", "SelfDrafter", "SelfTreeDrafter",
-           "cut_at_end", "ngram_continuation", "ngram_continuations"]
+           "cut_at_end", "ngram_continuation", "ngram_matches"]

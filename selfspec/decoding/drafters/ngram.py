@@ -66,9 +66,23 @@ def cut_copy(exit_policy: DraftExit, copied: list[int]) -> list[int]:
 
 
 def ngram_continuation(tokens: list[int], ngram_size: int, max_tokens: int) -> list[int]:
+    """What followed the latest occurrence of the longest matching tail: the first of `ngram_matches`, or []."""
+    first = ngram_matches(tokens, ngram_size, max_tokens, limit=1)
+    return first[0][1] if first else []
+
+
+def ngram_matches(tokens: list[int], ngram_size: int, max_tokens: int, limit: int) -> list[tuple[int, list[int]]]:
+    """Up to `limit` distinct continuations (at most `max_tokens` long) of earlier occurrences of the context's last
+    n tokens, n = ngram_size down to 1, latest occurrence first within each n; each with its n."""
+    found, seen = [], []
     for n in range(min(ngram_size, len(tokens) - 1), 0, -1):
         tail = tokens[-n:]
         for start in range(len(tokens) - n - 1, -1, -1):
             if tokens[start:start + n] == tail:
-                return tokens[start + n:start + n + max_tokens]
-    return []
+                continuation = tokens[start + n:start + n + max_tokens]
+                if continuation not in seen:
+                    seen.append(continuation)
+                    found.append((n, continuation))
+                    if len(found) == limit:
+                        return found
+    return found

@@ -4,7 +4,7 @@ import torch
 
 from selfspec.decoding.draft_exit import CostAwareExit
 from selfspec.decoding.drafters.base import Draft, GenerationContext, cut_at_end
-from selfspec.decoding.drafters.ngram import NGRAM, cut_copy
+from selfspec.decoding.drafters.ngram import NGRAM, cut_copy, ngram_matches
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import output_device
 
@@ -85,28 +85,6 @@ class NgramTreeDrafter:
         kept, parents = self.exit_policy.shape_tree(trie.parents[len(chain):], keys, priors, self.nodes)
         return Draft(chain + [trie.tokens[len(chain) + j] for j in kept], source=NGRAM,
                      parents=list(range(-1, len(chain) - 1)) + parents)
-
-
-def ngram_matches(tokens: list[int], ngram_size: int, max_tokens: int, limit: int) -> list[tuple[int, list[int]]]:
-    """Up to `limit` distinct continuations (at most `max_tokens` long) of earlier occurrences of the context's last
-    n tokens, n = ngram_size down to 1, latest occurrence first within each n; each with its n."""
-    found, seen = [], []
-    for n in range(min(ngram_size, len(tokens) - 1), 0, -1):
-        tail = tokens[-n:]
-        for start in range(len(tokens) - n - 1, -1, -1):
-            if tokens[start:start + n] == tail:
-                continuation = tokens[start + n:start + n + max_tokens]
-                if continuation not in seen:
-                    seen.append(continuation)
-                    found.append((n, continuation))
-                    if len(found) == limit:
-                        return found
-    return found
-
-
-def ngram_continuations(tokens: list[int], ngram_size: int, max_tokens: int, limit: int) -> list[list[int]]:
-    """`ngram_matches` without their n."""
-    return [continuation for _, continuation in ngram_matches(tokens, ngram_size, max_tokens, limit)]
 
 
 def add_branch(draft: Draft, branch: list[int], nodes: int, width: int) -> list[int]:
