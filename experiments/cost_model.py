@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
-from selfspec.cost_model import measure_draft_ms, measure_step_costs
+from selfspec.cost_model import CONTEXT, measure_draft_ms, measure_step_costs
 from selfspec.models.draft_head import make_draft_head
 from selfspec.models.loading import load_model
 from selfspec.models.skip import num_layers

@@ -152,12 +152,18 @@ def test_hybrid_and_prompt_lookup_greedy_equal_plain(tiny, tokenizer):
             assert "ngram" in {s.source for s in result.steps}
 
 
-def test_a_cost_aware_drafter_that_cannot_pay_drafts_only_on_probes(tiny, prompt):
+def test_a_cost_aware_drafter_that_does_not_pay_drafts_only_on_probes(tiny, prompt):
+    """Wide verifies three times a plain step's cost: drafting would pay only at acceptances near 1, so the policy
+    drafts on its probes alone; and a draft token dearer than 10 plain steps is never even probed."""
     plain = generate(tiny, prompt, GREEDY)
-    dear = CostAwareExit(4, costs=DraftCosts((10.0, 12.0, 14.0, 16.0, 18.0), draft_ms=100.0))
-    result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, make_skip_set([1], [2], 6), dear))
+    skip = make_skip_set([1], [2], 6)
+    dear_verify = CostAwareExit(4, costs=DraftCosts((10.0, 30.0, 30.0, 30.0, 30.0), draft_ms=0.5))
+    result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip, dear_verify))
     assert result.new_tokens == plain.new_tokens
     assert [i for i, step in enumerate(result.steps) if step.drafted] == [3, 11, 27]
+    dear_draft = CostAwareExit(4, costs=DraftCosts((10.0, 12.0, 14.0, 16.0, 18.0), draft_ms=100.0))
+    result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip, dear_draft))
+    assert result.new_tokens == plain.new_tokens and not any(step.drafted for step in result.steps)
 
 
 def test_cost_aware_strategies_share_one_measurement_and_equal_plain(tiny, prompt):

@@ -35,14 +35,44 @@ def test_fixed_policy_never_stops():
     assert not DraftExit(3).should_stop(0.0) and DraftExit(3).threshold == 0.0
 
 
-def test_cost_aware_policy_probes_with_doubling_waits_when_drafting_cannot_pay():
-    """A draft token as dear as a full step: at the prior acceptance 0.5 the best length (k = 1) is expected at
-    1.5 * 10 / (10 + 12) = 0.68x plain, so the policy drafts only on probes, after 4, 8, 16, 32, 64, 64 steps."""
-    policy = CostAwareExit(4, costs=DraftCosts((10.0, 12.0, 14.0, 16.0, 18.0), draft_ms=10.0))
-    assert policy.best_length(4) == (1, pytest.approx(15 / 22))
+def test_cost_aware_policy_probes_with_doubling_waits_when_drafting_does_not_pay():
+    """A draft token at half a full step: at the prior acceptance 0.5 the best length (k = 1) is expected at
+    1.5 * 10 / (5 + 12) = 0.88x plain, so the policy drafts only on probes, after 4, 8, 16, 32, 64, 64 steps (were
+    every token accepted, 4 drafts would run at 5 * 10 / (20 + 18) = 1.32x: worth probing for)."""
+    policy = CostAwareExit(4, costs=DraftCosts((10.0, 12.0, 14.0, 16.0, 18.0), draft_ms=5.0))
+    assert policy.best_length(4) == (1, pytest.approx(15 / 17))
     plans = [policy.plan(4) for _ in range(200)]
     assert [step for step, k in enumerate(plans, 1) if k] == [4, 12, 28, 60, 124, 188]
     assert {k for k in plans if k} == {4}  # a probe may draft the longest; should_stop ends it sooner
+
+
+def test_cost_aware_policy_never_probes_a_draft_that_cannot_pay():
+    """A draft token as dear as a full step: even if verification accepted every token, k drafts would emit k + 1
+    tokens for 10 k + c(k + 1) ms, at most 5 * 10 / 58 = 0.86x plain. No probe, ever."""
+    policy = CostAwareExit(4, costs=DraftCosts((10.0, 12.0, 14.0, 16.0, 18.0), draft_ms=10.0))
+    assert not policy.can_pay(4)
+    assert not any(policy.plan(4) for _ in range(200))
+
+
+def test_cost_aware_policy_starts_each_generation_afresh_but_keeps_the_costs():
+    """What one generation taught of acceptance is gone at the next begin(); the draft cost it met stays. The
+    paper's adaptive rule carries its threshold over, as its code does."""
+    policy = CostAwareExit(4, costs=DraftCosts((10.0, 12.0, 14.0, 16.0, 18.0), draft_ms=5.0))
+    fresh = (policy.acceptance, [list(counts) for counts in policy.bins], policy.wait, policy.idle)
+    for _ in range(10):
+        policy.plan(4)
+        policy.should_stop(0.95)
+        policy.update(1, 0)
+    policy.observe_draft_ms(15.0)
+    assert policy.acceptance < 0.2 and policy.wait > 4
+    policy.begin()
+    assert (policy.acceptance, policy.bins, policy.wait, policy.idle) == fresh
+    assert policy.costs.draft_ms == pytest.approx(0.9 * 5.0 + 0.1 * 15.0)
+    adaptive = AdaptiveExit(4, 0.8)
+    adaptive.update(4, 0)
+    threshold = adaptive.threshold
+    adaptive.begin()
+    assert adaptive.threshold == threshold != 0.8
 
 
 def test_cost_aware_policy_verifies_at_the_width_where_c_of_q_is_cheap():

@@ -70,3 +70,25 @@ def test_accept_then_resample_from_the_residual_yields_exactly_p():
 def test_bad_sampling_settings(kwargs, name):
     with pytest.raises(SelfspecError, match=f"^{name}="):
         SamplingSettings(**kwargs)
+
+
+@pytest.mark.parametrize("top_k,top_p", [(50, 0.9), (5, 0.5), (1, 0.9), (40, 0.99)])
+def test_top_p_within_top_k_equals_transformers_top_k_then_top_p(top_k, top_p):
+    """The shortcut filters as transformers' warpers in sequence, on logits with tied leaders, tokens already at
+    -inf (a banned token) and rows whose top-p sets differ in size: the same scores wherever no two tokens tie at
+    the top-p cut. Where several tie there (rows 1, 2 and 4), both keep the same number of them with the same scores;
+    which of the equal tokens go follows the order of each one's unstable sort."""
+    from transformers import LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
+    gen = torch.Generator().manual_seed(top_k)
+    logits = 3 * torch.randn(6, 3000, generator=gen)  # (rows, vocab)
+    logits[1, :8] = logits[1].max() + 1.0  # eight tied leaders
+    logits[2, 100:400] = logits[2].topk(top_k).values[-1]  # ties at the k-th value: TopK keeps all of them
+    logits[3, ::7] = float("-inf")
+    logits[4] = logits[4].round()  # many ties everywhere
+    reference = LogitsProcessorList([TopKLogitsWarper(top_k), TopPLogitsWarper(top_p)])
+    ids = torch.zeros(6, 1, dtype=torch.long)
+    ours = logits_processor(SamplingSettings(temperature=1.0, top_k=top_k, top_p=top_p))(ids, logits.clone())
+    theirs = reference(ids, logits.clone())
+    for row in (0, 3, 5):
+        assert torch.equal(ours[row], theirs[row])
+    assert torch.equal(ours.sort(dim=-1).values, theirs.sort(dim=-1).values)

@@ -39,6 +39,10 @@ class DraftExit:
     def threshold(self) -> float:
         return 0.0
 
+    def begin(self) -> None:
+        """A new generation starts. The fixed, threshold and adaptive exits carry their state over (the paper's
+        code does); the cost-aware exit starts its estimates afresh."""
+
     def plan(self, max_tokens: int) -> int:
         """The most tokens to draft this step (0: do not draft); called before each draft."""
         return max_tokens
@@ -111,7 +115,8 @@ class CostAwareExit(DraftExit):
     E(k) = 1 + a + ... + a^k tokens for k d + c(k + 1) ms, where plain decoding spends E(k) c(1). Before each draft
     the policy estimates a from what verification accepted lately and drafts only if some k beats plain decoding by
     `min_speedup`; otherwise it drafts nothing and probes again after 4, 8, ..., 64 steps, so a drafter that stops
-    paying costs at most a probe now and then. While drafting, each token's draft confidence, calibrated online
+    paying costs at most a probe now and then (and one that could not pay even if every token were accepted is
+    never probed). While drafting, each token's draft confidence, calibrated online
     against verification in confidence bins, gives the chance that the draft so far survives; drafting stops as soon
     as no longer draft is expected to raise the step's speedup. Copies from the context count as confidence 1.0,
     calibrated by the copying drafter's own policy.
@@ -145,6 +150,16 @@ class CostAwareExit(DraftExit):
         if not 0.0 < self.decay < 1.0:
             raise SelfspecError(f"decay={self.decay} must be in (0, 1)")
 
+    def begin(self) -> None:
+        """Forget what the last generation taught of acceptance (every field not set at construction): how often
+        drafts are accepted depends on the text, e.g. on whether it repeats its context, so one request's rate is
+        a poor prior for the next, and each generation's speed should not depend on which one ran before it. The
+        costs, a property of this machine, are kept."""
+        for item in dataclasses.fields(self):
+            if not item.init:
+                fresh = item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
+                setattr(self, item.name, fresh)
+
     @property
     def threshold(self) -> float:
         """Recorded with every step in the threshold's place: the acceptance rate the policy estimates."""
@@ -162,10 +177,18 @@ class CostAwareExit(DraftExit):
         return max(((k, self.costs.speedup(expected_emitted(self.acceptance, k), k))
                     for k in range(1, self.longest(max_tokens) + 1)), key=lambda pair: pair[1])
 
+    def can_pay(self, max_tokens: int) -> bool:
+        """Whether some draft length would pay if verification accepted every draft token: a drafter whose draft
+        token costs about a full step (the layer-skip draft on SmolLM2 here) never does, and is not even probed."""
+        return any(self.costs.speedup(k + 1, k) >= self.min_speedup for k in range(1, self.longest(max_tokens) + 1))
+
     def plan(self, max_tokens: int) -> int:
         """The most tokens to draft this step (should_stop ends the draft sooner): 0 when no draft length is
-        expected to pay, except every `wait` steps (a probe, so that the estimate can recover)."""
+        expected to pay, except every `wait` steps (a probe, so that the estimate can recover), and always 0 when
+        drafting cannot pay at all (`can_pay`)."""
         self.confidences, self.survival, self.emitted, self.branches = [], 1.0, 1.0, []
+        if not self.can_pay(max_tokens):
+            return 0
         if self.best_length(max_tokens)[1] >= self.min_speedup:
             self.idle, self.wait = 0, FIRST_WAIT
             return self.longest(max_tokens)

@@ -88,6 +88,7 @@ class ExitPolicyDrafter:
 
     def begin(self, context: GenerationContext) -> None:
         self.context = context
+        self.exit_policy.begin()
 
     def update(self, drafted: int, accepted: int, path: list[int] | None = None) -> None:
         self.exit_policy.update(drafted, accepted)

@@ -36,6 +36,8 @@ class NgramDrafter:
 
     def begin(self, context: GenerationContext) -> None:
         self.context = context
+        if self.exit_policy:
+            self.exit_policy.begin()
 
     def draft(self, tokens: list[int], max_tokens: int) -> Draft:
         copied = cut_at_end(ngram_continuation(tokens, self.ngram_size, min(max_tokens, self.num_tokens)),

@@ -43,6 +43,8 @@ class NgramTreeDrafter:
 
     def begin(self, context: GenerationContext) -> None:
         self.context = context
+        if self.exit_policy:
+            self.exit_policy.begin()
 
     def draft(self, tokens: list[int], max_tokens: int) -> Draft:
         matches = ngram_matches(tokens, self.ngram_size, min(max_tokens, self.depth), limit=self.nodes)
