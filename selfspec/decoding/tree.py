@@ -38,22 +38,22 @@ def children(parents: list[int]) -> list[list[int]]:
 
 def tree_attention_mask(parents: list[int], start: int, dtype: torch.dtype, device,
                         sliding_window: int | None = None) -> torch.Tensor:
-    """(1, 1, n+1, start+n+1) additive mask for [root, nodes...] fed at cache index `start` on: 0 where a row may
-    attend (the cache prefix, its ancestors, itself), the dtype's minimum elsewhere. With `sliding_window`, a row
-    at position p sees only keys at positions > p - sliding_window, as transformers' sliding-window mask, and the
-    mask's columns start at cache index max(start - sliding_window + 1, 0), where the keys a sliding cache layer
-    hands attention start (models/cache.py); no row could see the keys before."""
+    """(1, 1, n+1, start-first+n+1) additive mask for [root, nodes...] fed at cache index `start` on: 0 where a row
+    may attend (the cache prefix, its ancestors, itself), the dtype's minimum elsewhere. With `sliding_window`, a
+    row at position p sees only keys at positions > p - sliding_window, as transformers' sliding-window mask, and
+    the columns start at cache index first = max(start - sliding_window + 1, 0), where the keys a sliding cache
+    layer hands attention start (models/cache.py); no row could see the keys before. Without it, first = 0."""
+    first = first_visible(start, sliding_window)
     paths = tree_paths(parents)
     rows = len(paths)
     sees_tree = torch.zeros(rows, rows, dtype=torch.bool)  # (n+1, n+1)
     for row, path in enumerate(paths):
         sees_tree[row, [0] + [i + 1 for i in path]] = True
-    allowed = torch.cat([torch.ones(rows, start, dtype=torch.bool), sees_tree], dim=1)  # (n+1, start+n+1)
+    allowed = torch.cat([torch.ones(rows, start - first, dtype=torch.bool), sees_tree], dim=1)  # (n+1, start-first+n+1)
     if sliding_window is not None:
         positions = start + torch.tensor([len(path) for path in paths])  # (n+1,)
-        key_positions = torch.cat([torch.arange(start), positions])  # (start+n+1,)
+        key_positions = torch.cat([torch.arange(first, start), positions])  # (start-first+n+1,)
         allowed &= key_positions[None, :] > positions[:, None] - sliding_window
-        allowed = allowed[:, first_visible(start, sliding_window):]
     mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask[None, None].to(device)
 
