@@ -111,15 +111,15 @@ class CostAwareExit(DraftExit):
     """`draft=cost`: draft only as far as drafting pays on this machine, and not at all when it does not.
 
     The costs are measured here (cost_model.CostMeter): c(q), a q-token forward of the full model, and d, one draft
-    token, which the policy then follows as drafting meets it (`observe_draft_ms`). A step that drafts k tokens, each accepted with probability a given the ones before it, emits
-    E(k) = 1 + a + ... + a^k tokens for k d + c(k + 1) ms, where plain decoding spends E(k) c(1). Before each draft
-    the policy estimates a from what verification accepted lately and drafts only if some k beats plain decoding by
-    `min_speedup`; otherwise it drafts nothing and probes again after 4, 8, ..., 64 steps, so a drafter that stops
-    paying costs at most a probe now and then (and one that could not pay even if every token were accepted is
-    never probed). While drafting, each token's draft confidence, calibrated online
-    against verification in confidence bins, gives the chance that the draft so far survives; drafting stops as soon
-    as no longer draft is expected to raise the step's speedup. Copies from the context count as confidence 1.0,
-    calibrated by the copying drafter's own policy.
+    token, which the policy then follows as drafting meets it (`observe_draft_ms`). A step that drafts k tokens,
+    each accepted with probability a given the ones before it, emits E(k) = 1 + a + ... + a^k tokens for
+    k d + c(k + 1) ms, where plain decoding spends E(k) c(1). Before each draft the policy estimates a from what
+    verification accepted lately and drafts only if some k beats plain decoding by `min_speedup`; otherwise it
+    drafts nothing and probes again after 4, 8, ..., 64 steps, so a drafter that stops paying costs at most a probe
+    now and then (and one that could not pay even if every token were accepted is never probed). While drafting,
+    each token's draft confidence, calibrated online against verification in confidence bins, gives the chance
+    that the draft so far survives; drafting stops as soon as no longer draft is expected to raise the step's
+    speedup. Copies from the context count as confidence 1.0, calibrated by the copying drafter's own policy.
 
     Token trees: the planned draft is the tree's chain; the tree drafters offer more nodes (runner-up tokens,
     other copies), each with a key for its kind and a prior, and `shape_tree` keeps those whose expected accepted
