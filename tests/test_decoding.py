@@ -152,6 +152,20 @@ def test_hybrid_and_prompt_lookup_greedy_equal_plain(tiny, tokenizer):
             assert "ngram" in {s.source for s in result.steps}
 
 
+def test_cost_aware_hybrid_copies_past_the_model_drafts_length(tiny, tokenizer):
+    """Each part of the hybrid drafts up to its own cap: with a flat c(q), copies run to 10 tokens where the
+    layer-skip draft stops at 4."""
+    prompt = tokenizer("def fib(n):\n    return fib(n - 1) + fib(n - 2)\n\ndef fib").input_ids
+    flat = (10.0,) * 11
+    copier = NgramDrafter(tiny, 2, 10, CostAwareExit(10, costs=DraftCosts(flat, 0.0)))
+    drafter = HybridDrafter(copier, SelfDrafter(tiny, make_skip_set([1], [2], 6),
+                                                CostAwareExit(4, costs=DraftCosts(flat, 1.0))))
+    result = generate(tiny, prompt, GREEDY, drafter)
+    assert result.new_tokens == generate(tiny, prompt, GREEDY).new_tokens
+    assert max(s.drafted for s in result.steps if s.source == "ngram") > 4
+    assert max(s.drafted for s in result.steps if s.source == "model") <= 4
+
+
 def test_a_cost_aware_drafter_that_does_not_pay_drafts_only_on_probes(tiny, prompt):
     """Wide verifies three times a plain step's cost: drafting would pay only at acceptances near 1, so the policy
     drafts on its probes alone; and a draft token dearer than 10 plain steps is never even probed."""
@@ -177,7 +191,11 @@ def test_cost_aware_strategies_share_one_measurement_and_equal_plain(tiny, promp
     hybrid = strategies[2].drafter
     assert hybrid.ngram.exit_policy.costs == DraftCosts(meter.verify_ms, 0.0)  # copies cost nothing to draft
     assert hybrid.fallback.exit_policy.costs.draft_ms == meter.draft_ms[(skip, id(None))]  # until drafting measures it
+    assert (hybrid.ngram.max_tokens, hybrid.ngram.exit_policy.max_tokens, hybrid.fallback.max_tokens) == (10, 10, 4)
     assert all(s.generate(prompt).new_tokens == plain for s in strategies)
+    adaptive = run_settings("draft=cost", "draft.max_tokens=4", "draft.hybrid_policy=adaptive").draft
+    hybrid = make_strategy("self_spec_hybrid", tiny, GREEDY, (), skip, adaptive, costs=meter).drafter
+    assert (hybrid.ngram.max_tokens, hybrid.ngram.exit_policy, hybrid.max_tokens) == (4, None, 4)
     with pytest.raises(SelfspecError, match="draft.policy=cost is for the layer-skip and copying drafters; "
                                             "strategy two_model takes"):
         make_strategy("two_model", tiny, GREEDY, (), skip, draft, draft_model=tiny, costs=meter)

@@ -54,19 +54,23 @@ def test_cost_aware_policy_never_probes_a_draft_that_cannot_pay():
     assert not any(policy.plan(4) for _ in range(200))
 
 
-def test_cost_aware_policy_starts_each_generation_afresh_but_keeps_the_costs():
-    """What one generation taught of acceptance is gone at the next begin(); the draft cost it met stays. The
-    paper's adaptive rule carries its threshold over, as its code does."""
+def test_cost_aware_policy_carries_what_drafting_taught_into_the_next_generation():
+    """At begin() the draft in progress and the steps since the last probe start afresh; the acceptance rate, its
+    bins, the probe back-off and the draft cost met carry over. The paper's adaptive rule carries its threshold
+    over too, as its code does."""
     policy = CostAwareExit(4, costs=DraftCosts((10.0, 12.0, 14.0, 16.0, 18.0), draft_ms=5.0))
-    fresh = (policy.acceptance, [list(counts) for counts in policy.bins], policy.wait, policy.idle)
     for _ in range(10):
         policy.plan(4)
         policy.should_stop(0.95)
         policy.update(1, 0)
     policy.observe_draft_ms(15.0)
-    assert policy.acceptance < 0.2 and policy.wait > 4
+    policy.plan(4)
+    policy.should_stop(0.95)
+    learnt = (policy.acceptance, [list(counts) for counts in policy.bins], policy.wait)
+    assert policy.acceptance < 0.2 and policy.wait > 4 and policy.idle > 0 and policy.confidences
     policy.begin()
-    assert (policy.acceptance, policy.bins, policy.wait, policy.idle) == fresh
+    assert (policy.acceptance, policy.bins, policy.wait) == learnt
+    assert (policy.idle, policy.confidences, policy.survival, policy.emitted) == (0, [], 1.0, 1.0)
     assert policy.costs.draft_ms == pytest.approx(0.9 * 5.0 + 0.1 * 15.0)
     adaptive = AdaptiveExit(4, 0.8)
     adaptive.update(4, 0)

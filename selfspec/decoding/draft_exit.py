@@ -40,8 +40,8 @@ class DraftExit:
         return 0.0
 
     def begin(self) -> None:
-        """A new generation starts. The fixed, threshold and adaptive exits carry their state over (the paper's
-        code does); the cost-aware exit starts its estimates afresh."""
+        """A new generation starts. The threshold and adaptive exits carry their state over (the paper's code
+        does), and so does what the cost-aware exit learnt."""
 
     def plan(self, max_tokens: int) -> int:
         """The most tokens to draft this step (0: do not draft); called before each draft."""
@@ -151,14 +151,12 @@ class CostAwareExit(DraftExit):
             raise SelfspecError(f"decay={self.decay} must be in (0, 1)")
 
     def begin(self) -> None:
-        """Forget what the last generation taught of acceptance (every field not set at construction): how often
-        drafts are accepted depends on the text, e.g. on whether it repeats its context, so one request's rate is
-        a poor prior for the next, and each generation's speed should not depend on which one ran before it. The
-        costs, a property of this machine, are kept."""
-        for item in dataclasses.fields(self):
-            if not item.init:
-                fresh = item.default_factory() if item.default_factory is not dataclasses.MISSING else item.default
-                setattr(self, item.name, fresh)
+        """A new generation starts: the draft in progress and the count of steps since the last probe start afresh.
+        What drafting taught carries over, as it would in a server over its requests: the acceptance rate and its
+        confidence bins (they decay within ~10 steps, so a text unlike the last is learnt within a few steps, while
+        a drafter that paid starts drafting at once), each tree node kind's rate, the probe back-off (a drafter that
+        stopped paying is probed rarely in the next generation too) and the costs."""
+        self.confidences, self.survival, self.emitted, self.idle, self.branches = [], 1.0, 1.0, 0, []
 
     @property
     def threshold(self) -> float:
@@ -301,19 +299,20 @@ def confidence_bin(confidence: float) -> int:
 
 
 def make_exit_policy(draft: DraftSettings, greedy: bool, policy: str | None = None,
-                     costs: DraftCosts | None = None) -> DraftExit:
-    """A fresh draft-exit policy from the `draft` settings; `policy` overrides their kind. Policy `cost` needs the
-    drafter's `costs` on this machine (cost_model.CostMeter)."""
+                     costs: DraftCosts | None = None, max_tokens: int | None = None) -> DraftExit:
+    """A fresh draft-exit policy from the `draft` settings; `policy` overrides their kind and `max_tokens` their
+    draft.max_tokens. Policy `cost` needs the drafter's `costs` on this machine (cost_model.CostMeter)."""
     policy = policy or draft.policy
+    max_tokens = max_tokens or draft.max_tokens
     threshold = draft.threshold if draft.threshold is not None else default_threshold(greedy)
     if policy == "fixed":
-        return DraftExit(draft.max_tokens)
+        return DraftExit(max_tokens)
     if policy == "threshold":
-        return ThresholdExit(draft.max_tokens, threshold)
+        return ThresholdExit(max_tokens, threshold)
     if policy == "adaptive":
-        return AdaptiveExit(draft.max_tokens, threshold, **draft.adaptive_options)
+        return AdaptiveExit(max_tokens, threshold, **draft.adaptive_options)
     if policy == "cost":
         if costs is None:
             raise SelfspecError("draft.policy=cost needs the measured costs of its drafter")
-        return CostAwareExit(draft.max_tokens, costs=costs)
+        return CostAwareExit(max_tokens, costs=costs)
     raise SelfspecError(f"draft.policy={policy!r} is unknown; allowed: fixed, threshold, adaptive, cost")

@@ -3,8 +3,9 @@
 Names: `plain`; `self_spec` (the configured draft exit) or `self_spec_<fixed|threshold|adaptive|cost>`;
 `self_spec_searched` (the configured exit with the searched skip set and draft vocabulary, `searched_skip`);
 `self_spec_hybrid` (an n-gram copy from the context when there is one, else the layer-skip draft; both under
-`draft.hybrid_policy`, the cost-aware exit unless set otherwise); `prompt_lookup` (n-gram copies only); `two_model` (needs `draft_model`); `kangaroo` (needs
-`kangaroo.adapter_path`); the HF generate baselines `hf_*` (see hf_baselines.py). Token trees (decoding/tree.py,
+`draft.hybrid_policy`, the cost-aware exit unless set otherwise, which may copy up to draft.ngram_tokens where
+other policies stop copies at draft.max_tokens); `prompt_lookup` (n-gram copies only); `two_model` (needs
+`draft_model`); `kangaroo` (needs `kangaroo.adapter_path`); the HF generate baselines `hf_*` (see hf_baselines.py). Token trees (decoding/tree.py,
 `draft.tree_*`): `prompt_lookup_tree` (several n-gram copies in a trie) and `self_spec_tree` (that trie when the
 context has matches, else the layer-skip draft branching where it is unsure); both under `draft.hybrid_policy` as
 self_spec_hybrid, where the cost-aware exit shapes each tree (depth, branches, none) from the measured costs. Every drafting strategy
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from selfspec.cost_model import CostMeter
-from selfspec.decoding.draft_exit import make_exit_policy
+from selfspec.decoding.draft_exit import CostAwareExit, make_exit_policy
 from selfspec.decoding.drafters import (Drafter, HybridDrafter, KangarooDrafter, ModelDrafter, NgramDrafter,
                                         NgramTreeDrafter, SelfDrafter, SelfTreeDrafter)
 from selfspec.decoding.hf_baselines import HF_STRATEGIES, HFStrategy, make_hf_strategy
@@ -77,13 +78,17 @@ def make_strategy(name: str, model, settings: SamplingSettings, end_ids: tuple[i
         policy = draft.hybrid_policy or draft.policy
     costs = costs or cost_meter(model, draft)
 
-    def exit_policy(drafted_by: SkipSet | None = None, head: DraftHead | None = None):
+    def exit_policy(drafted_by: SkipSet | None = None, head: DraftHead | None = None, max_tokens: int | None = None):
         """A fresh policy; the cost-aware one gets the costs of drafting with `drafted_by` (None: copies)."""
         if policy == "cost" and name in ("two_model", "kangaroo"):
             raise SelfspecError(f"draft.policy=cost is for the layer-skip and copying drafters; strategy {name} "
                                 f"takes draft.policy=fixed, threshold or adaptive")
         return make_exit_policy(draft, settings.greedy, policy,
-                                costs.costs(drafted_by, head) if policy == "cost" else None)
+                                costs.costs(drafted_by, head) if policy == "cost" else None, max_tokens)
+
+    def copy_policy() -> CostAwareExit | None:
+        """The copiers' cost-aware policy, which may copy up to draft.ngram_tokens; None under other policies."""
+        return exit_policy(max_tokens=draft.ngram_tokens) if policy == "cost" else None
 
     if name == "self_spec" or suffix in POLICIES:
         drafter = SelfDrafter(model, skip, exit_policy(skip, draft_head), draft_head)
@@ -94,13 +99,14 @@ def make_strategy(name: str, model, settings: SamplingSettings, end_ids: tuple[i
                                 "searched_skip.path=<its run dir>/best_skip.yaml, or drop the strategy")
         drafter = SelfDrafter(model, searched[0], exit_policy(*searched), searched[1])
     elif name == "self_spec_hybrid":
-        copier = NgramDrafter(model, draft.ngram_size, draft.ngram_tokens, exit_policy() if policy == "cost" else None)
+        copy_cap = draft.ngram_tokens if policy == "cost" else min(draft.ngram_tokens, draft.max_tokens)
+        copier = NgramDrafter(model, draft.ngram_size, copy_cap, copy_policy())
         drafter = HybridDrafter(copier, SelfDrafter(model, skip, exit_policy(skip, draft_head), draft_head))
     elif name == "prompt_lookup":
         drafter = NgramDrafter(model, draft.ngram_size, draft.ngram_tokens)
     elif name in TREE_STRATEGIES:
         drafter = NgramTreeDrafter(model, draft.ngram_size, draft.tree_nodes, draft.tree_depth, draft.tree_width,
-                                   exit_policy() if policy == "cost" else None)
+                                   copy_policy())
         if name == "self_spec_tree":
             drafter = HybridDrafter(drafter, SelfTreeDrafter(model, skip, exit_policy(skip, draft_head), draft_head,
                                                              draft.tree_nodes, draft.tree_depth, draft.tree_width,

@@ -5,8 +5,8 @@ from selfspec.decoding.drafters.ngram import NGRAM, NgramDrafter
 
 
 class HybridDrafter:
-    """`fallback`'s max_tokens caps the copies too; a verified copy updates the copier, a verified model draft the
-    fallback (their acceptance rates differ, so their draft-exit policies learn apart)."""
+    """Each drafts up to its own max_tokens; a verified copy updates the copier, a verified model draft the fallback
+    (their acceptance rates differ, so their draft-exit policies learn apart)."""
 
     def __init__(self, ngram: NgramDrafter, fallback: Drafter):
         self.ngram, self.fallback = ngram, fallback
@@ -14,7 +14,7 @@ class HybridDrafter:
 
     @property
     def max_tokens(self) -> int:
-        return self.fallback.max_tokens
+        return max(self.ngram.max_tokens, self.fallback.max_tokens)
 
     @property
     def threshold(self) -> float:
@@ -27,7 +27,7 @@ class HybridDrafter:
     def draft(self, tokens: list[int], max_tokens: int) -> Draft:
         draft = self.ngram.draft(tokens, max_tokens)
         if not draft.tokens:
-            draft = self.fallback.draft(tokens, max_tokens)
+            draft = self.fallback.draft(tokens, min(max_tokens, self.fallback.max_tokens))
         self.last_source = draft.source
         return draft
 
