@@ -61,6 +61,8 @@ def run(settings: RunSettings, out_dir: Path) -> dict:
     strategies = [make_strategy(name, loaded.model, sampling, loaded.end_ids, skip, settings.draft,
                                 draft_model, heads(vocab_size), settings.hf, settings.kangaroo, searched, costs)
                   for name in settings.strategies]
+    if costs.summary():
+        print(costs.summary())
     logger = make_logger(settings.logger, stored, out_dir, group=launch.sweep_dir)
     try:
         summary = evaluate(strategies, prompts, prompt_ids, loaded.tokenizer, out_dir, settings.seed, settings.repeats,

@@ -115,6 +115,15 @@ class CostMeter:
             self.draft_ms[key] = measure_draft_ms(self.model, skip, head, self.repeats)
         return DraftCosts(self.verify_ms, self.draft_ms[key])
 
+    def summary(self) -> str:
+        """What was measured, for the run's log: c(q) and each drafter's d ("" when nothing was)."""
+        if self.verify_ms is None:
+            return ""
+        verify = ", ".join(f"{q}: {ms:.1f}" for q, ms in enumerate(self.verify_ms, 1))
+        drafts = "".join(f"; d {ms:.1f} ms with {len(skip.attn) + len(skip.mlp)} sublayers skipped"
+                         for (skip, _), ms in self.draft_ms.items())
+        return f"cost model: c(q) ms {verify}{drafts}"
+
 
 def expected_speedup(mean_accepted_tokens: float, drafted_per_step: float, skipped_fraction: float) -> float:
     """Tokens per cycle over the cycle's cost in full forwards: each draft forward costs (1 - skipped_fraction),

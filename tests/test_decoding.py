@@ -188,6 +188,9 @@ def test_cost_aware_strategies_share_one_measurement_and_equal_plain(tiny, promp
     strategies = [make_strategy(name, tiny, GREEDY, (), skip, draft, costs=meter)
                   for name in ("self_spec", "self_spec_cost", "self_spec_hybrid")]
     assert len(meter.verify_ms) == 11 and list(meter.draft_ms) == [(skip, id(None))]
+    summary = meter.summary()
+    assert summary.startswith("cost model: c(q) ms 1: ") and summary.endswith(" ms with 2 sublayers skipped")
+    assert CostMeter(tiny, 3).summary() == ""  # nothing measured yet
     hybrid = strategies[2].drafter
     assert hybrid.ngram.exit_policy.costs == DraftCosts(meter.verify_ms, 0.0)  # copies cost nothing to draft
     assert hybrid.fallback.exit_policy.costs.draft_ms == meter.draft_ms[(skip, id(None))]  # until drafting measures it

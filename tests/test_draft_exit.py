@@ -69,9 +69,16 @@ def test_cost_aware_policy_carries_what_drafting_taught_into_the_next_generation
     learnt = (policy.acceptance, [list(counts) for counts in policy.bins], policy.wait)
     assert policy.acceptance < 0.2 and policy.wait > 4 and policy.idle > 0 and policy.confidences
     policy.begin()
-    assert (policy.acceptance, policy.bins, policy.wait) == learnt
+    assert (pytest.approx(policy.acceptance), policy.bins, policy.wait) == learnt
     assert (policy.idle, policy.confidences, policy.survival, policy.emitted) == (0, [], 1.0, 1.0)
     assert policy.costs.draft_ms == pytest.approx(0.9 * 5.0 + 0.1 * 15.0)
+    for _ in range(30):  # a generation of long accepted copies: 0.99 on the weight of ~100 tokens
+        policy.update(10, 10)
+    policy.begin()  # the next one starts from its rate, on the prior's weight of 2 tokens
+    assert policy.acceptance > 0.95 and policy.tested_count == 2.0
+    policy.update(1, 0)
+    policy.update(1, 0)
+    assert policy.acceptance < 0.5  # two rejected copies of a text unlike the last are enough
     adaptive = AdaptiveExit(4, 0.8)
     adaptive.update(4, 0)
     threshold = adaptive.threshold

@@ -103,6 +103,7 @@ class AdaptiveExit(ThresholdExit):
 
 
 CONFIDENCE_BINS = 5  # equal-width bins of draft confidence, calibrated separately
+PRIOR_TOKENS = 2.0  # the acceptance prior's weight: 1 of 2 at the start, the last generation's rate at a begin()
 FIRST_WAIT, LAST_WAIT = 4, 64  # steps without drafting before a probe; doubled after each probe that did not pay
 
 
@@ -129,8 +130,8 @@ class CostAwareExit(DraftExit):
     costs: DraftCosts
     min_speedup: float = 1.02  # draft only where the expected speedup over plain decoding is at least this
     decay: float = 0.9  # weight of the history at each verification (about the last ten steps count)
-    accepted_count: float = field(default=1.0, init=False)  # decayed count of accepted draft tokens (prior: 1 of 2)
-    tested_count: float = field(default=2.0, init=False)  # decayed count of draft tokens verification judged
+    accepted_count: float = field(default=PRIOR_TOKENS / 2, init=False)  # decayed count of accepted draft tokens
+    tested_count: float = field(default=PRIOR_TOKENS, init=False)  # decayed count of draft tokens verification judged
     bins: list[list[float]] = field(default_factory=lambda: [[0.0, 0.0] for _ in range(CONFIDENCE_BINS)],
                                     init=False)  # per confidence bin: [accepted, tested], decayed
     confidences: list[float] = field(default_factory=list, init=False)  # of the draft in progress
@@ -151,11 +152,13 @@ class CostAwareExit(DraftExit):
             raise SelfspecError(f"decay={self.decay} must be in (0, 1)")
 
     def begin(self) -> None:
-        """A new generation starts: the draft in progress and the count of steps since the last probe start afresh.
-        What drafting taught carries over, as it would in a server over its requests: the acceptance rate and its
-        confidence bins (they decay within ~10 steps, so a text unlike the last is learnt within a few steps, while
-        a drafter that paid starts drafting at once), each tree node kind's rate, the probe back-off (a drafter that
-        stopped paying is probed rarely in the next generation too) and the costs."""
+        """A new generation starts: the draft in progress and the count of idle steps start afresh, and the
+        acceptance rate learnt so far becomes the new generation's prior, with the prior's weight (2 tokens): a
+        drafter that paid drafts from the first step, and where the new text is unlike the last (copies of code,
+        then a role-play), the first rejections pull the estimate down at once. The confidence bins, each tree node
+        kind's rate, the probe back-off and the costs carry over as they are."""
+        rate = self.acceptance
+        self.accepted_count, self.tested_count = PRIOR_TOKENS * rate, PRIOR_TOKENS
         self.confidences, self.survival, self.emitted, self.idle, self.branches = [], 1.0, 1.0, 0, []
 
     @property
