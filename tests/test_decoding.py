@@ -112,8 +112,11 @@ def test_cache_holds_exactly_the_kept_tokens_after_every_step(tiny, prompt):
         assert_cache_holds(tiny, cache, tokens[:-1])  # the last token is fed by the next step
 
 
-def assert_cache_holds(model, cache, kept: list[int], **tolerance) -> None:
-    """`cache` holds exactly `kept`: its length, and the keys and values a fresh forward over them writes."""
+def assert_cache_holds(model, cache, kept: list[int]) -> None:
+    """`cache` holds exactly `kept`: its length, and the keys and values a fresh forward over them writes.
+    Eager attention (Gemma-2) takes its softmax in float32, so keys masked out in one forward and absent in the
+    other change a sum's order (~1e-7); sdpa (Llama, Gemma-3) stays in float64 and matches to rounding."""
+    tolerance = dict(rtol=1e-5, atol=1e-5) if model.config._attn_implementation == "eager" else {}
     fresh = new_cache(model, len(kept) + 1)
     forward(model, fresh, kept, 0)
     for mine, ref in zip(cache.layers, fresh.layers):

@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from transformers.utils import cached_file
 
 from selfspec.errors import SelfspecError
+from selfspec.models.packed_linear import pack_linears
 from selfspec.models.skip import decoder_layers
 from selfspec.models.tiny import byte_tokenizer, tiny_model
 from selfspec.settings import DEVICE_MAP_PLANS, ModelSettings
@@ -37,7 +38,8 @@ class LoadedModel:
 def load_model(settings: ModelSettings) -> LoadedModel:
     """Build the model `settings` describe. Attention is transformers' default (Gemma-2 gets eager: no sdpa there).
     With `settings.device_map`, accelerate places it (hooks move activations between devices); else it all goes to
-    `settings.device`."""
+    `settings.device`. With `settings.packed_linears`, a float32 model on the CPU gets its decoder linears packed for
+    oneDNN (models/packed_linear.py)."""
     dtype, device, device_map = DTYPES[settings.dtype], _device(settings.device), settings.device_map
     _check_map_devices(device_map)
     if settings.source == "tiny":
@@ -55,6 +57,8 @@ def load_model(settings: ModelSettings) -> LoadedModel:
     decoder_layers(model)  # an unsupported layout ends here, not inside a forward
     if device_map is None:
         model = model.to(device)
+    if settings.packed_linears:
+        pack_linears(model)
     return LoadedModel(name=settings.name, model=model.eval(), tokenizer=tokenizer,
                        end_ids=model_end_ids(model, tokenizer))
 

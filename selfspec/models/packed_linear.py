@@ -1,0 +1,68 @@
+"""The decoder's linear layers through oneDNN, each weight packed once at load (`model.packed_linears`).
+
+On this CPU `nn.Linear` (MKL sgemm, fp32) costs nearly one full pass over the weight per row for the few rows
+of a decoding step: the linears of SmolLM2's 30 layers took 19 ms for 1 row, 28 ms for 2 and 36 ms for 4.
+oneDNN with the weight packed once into its blocked layout takes 9, 10 and 11 ms. A whole forward then costs
+about the same for 1 to 6 tokens (SmolLM2 c(q) 37 / 55 / 63 / 54 ms -> 26 / 26 / 28 / 26 ms for q = 1..4), so
+plain decoding gets faster and a verification of several drafts costs about one plain step. These are the ops
+torch.compile's CPU weight prepacking emits (`mkldnn._reorder_linear_weight`, `mkldnn._linear_pointwise`),
+without compiling. Each output row is computed the same whatever the number of rows (measured here), as for the
+one-row-as-two output layer (output_layer.py).
+
+Packed only where it pays: a float32 model wholly on the CPU (bfloat16 took a slow path for 2 rows, 20x) with
+oneDNN available; inference only (the op has no backward).
+"""
+
+import torch
+from torch import nn
+
+from selfspec.models.skip import decoder_layers
+
+ROWS_HINT = 4  # the row count oneDNN blocks the weight for: 2, 4 and 8 measured alike here, 1 slowed every q > 1
+
+
+class PackedLinear(nn.Module):
+    """`nn.Linear`'s y = x W^T + b with W held in oneDNN's packed layout. Its state dict holds the dense weight, as
+    the replaced layer's did (a Kangaroo adapter starts as a copy of a decoder layer)."""
+
+    def __init__(self, linear: nn.Linear):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), ROWS_HINT)  # (out, in)
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """(..., in) -> (..., out)."""
+        if x.requires_grad and torch.is_grad_enabled():
+            raise RuntimeError("packed linears are for inference (no backward); load with model.packed_linears=false")
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def _save_to_state_dict(self, destination, prefix, keep_vars):
+        destination[prefix + "weight"] = self.packed.to_dense()
+        if self.bias is not None:
+            destination[prefix + "bias"] = self.bias if keep_vars else self.bias.detach()
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def can_pack(model) -> bool:
+    """Whether packing applies: oneDNN here, every weight float32 on the CPU, no accelerate device map."""
+    return (torch.backends.mkldnn.is_available() and getattr(model, "hf_device_map", None) is None
+            and all(p.device.type == "cpu" and p.dtype == torch.float32 for p in model.parameters()))
+
+
+def pack_linears(model) -> int:
+    """Replace every `nn.Linear` inside the decoder layers by a PackedLinear over the same weight, if `can_pack`;
+    the dense weights are freed. Returns how many were replaced. The output layer stays as it is (output_layer.py;
+    it is often tied to the embedding, which must stay dense)."""
+    if not can_pack(model):
+        return 0
+    replaced = 0
+    for layer in decoder_layers(model):
+        for parent in list(layer.modules()):
+            for name, child in list(parent.named_children()):
+                if type(child) is nn.Linear:
+                    setattr(parent, name, PackedLinear(child))
+                    replaced += 1
+    return replaced

@@ -1,0 +1,85 @@
+"""Packed decoder linears (models/packed_linear.py): same math as nn.Linear, swapped in at load where they apply,
+and decoding over them stays lossless."""
+
+import pytest
+import torch
+from torch import nn
+
+from selfspec.decoding.sampling import SamplingSettings
+from selfspec.decoding.strategies import make_strategy
+from selfspec.models.kangaroo_adapter import new_adapter
+from selfspec.models.loading import load_model
+from selfspec.models.packed_linear import PackedLinear, pack_linears
+from selfspec.models.skip import SkipSet, decoder_layers
+from selfspec.models.tiny import tiny_model
+from selfspec.settings import ModelSettings, typed
+
+from conftest import run_settings
+from test_decoding import hf_greedy
+
+
+def settings(**overrides) -> ModelSettings:
+    return typed(ModelSettings, dict(name="m", source="tiny", dtype="float32", device="cpu", family="llama",
+                                     num_layers=4, hidden_size=64, sliding_window=16, seed=0) | overrides, "model")
+
+
+def linears(model) -> list[nn.Module]:
+    return [m for layer in decoder_layers(model) for m in layer.modules() if isinstance(m, (nn.Linear, PackedLinear))]
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(1, 48), (5, 48), (1, 3, 48)])
+def test_a_packed_linear_computes_what_the_linear_does(shape, bias):
+    torch.manual_seed(0)
+    linear = nn.Linear(48, 80, bias=bias)
+    packed = PackedLinear(linear)
+    x = torch.randn(shape)
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(x), linear(x))
+    assert packed(x).shape == (*shape[:-1], 80)
+    state = packed.state_dict()  # the dense weight, as nn.Linear's own state dict has it
+    assert state.keys() == linear.state_dict().keys()
+    for key, value in linear.state_dict().items():
+        assert torch.equal(state[key], value)
+
+
+def test_a_packed_linear_refuses_to_train():
+    packed = PackedLinear(nn.Linear(8, 8))
+    with pytest.raises(RuntimeError, match="model.packed_linears=false"):
+        packed(torch.randn(2, 8, requires_grad=True))
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_load_packs_every_decoder_linear_of_a_float32_cpu_model_and_keeps_its_logits(family):
+    packed = load_model(settings(family=family)).model
+    dense = load_model(settings(family=family, packed_linears=False)).model
+    assert linears(packed) and all(type(m) is PackedLinear for m in linears(packed))
+    assert all(type(m) is nn.Linear for m in linears(dense))
+    assert type(packed.get_output_embeddings()) is nn.Linear  # the output layer stays (often tied to the embedding)
+    ids = torch.tensor([list(range(3, 40))])
+    with torch.inference_mode():
+        torch.testing.assert_close(packed(ids).logits, dense(ids).logits, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("overrides", [dict(dtype="bfloat16"), dict(device_map="cpu")])
+def test_models_packing_does_not_apply_to_stay_dense(overrides):
+    model = load_model(settings(**overrides)).model
+    assert all(type(m) is nn.Linear for m in linears(model))
+    assert pack_linears(model) == 0
+
+
+def test_a_kangaroo_adapter_copies_the_dense_weights_of_a_packed_layer():
+    packed, dense = load_model(settings()).model, load_model(settings(packed_linears=False)).model
+    copied, reference = new_adapter(packed, 2).state_dict(), new_adapter(dense, 2).state_dict()
+    assert copied.keys() == reference.keys()
+    assert all(torch.equal(copied[key], reference[key]) for key in reference)
+
+
+@pytest.mark.parametrize("name", ["plain", "self_spec_fixed", "self_spec_hybrid", "self_spec_tree"])
+def test_greedy_decoding_over_packed_linears_equals_hf_generate_on_the_same_model(name, tokenizer, prompt):
+    model = tiny_model("llama", num_layers=6)  # float32: packing applies
+    assert pack_linears(model) == 6 * 7
+    draft = run_settings("model=tiny_llama", "draft.max_tokens=4").draft
+    strategy = make_strategy(name, model, SamplingSettings(max_new_tokens=40), (), SkipSet(attn=(1, 3), mlp=(2,)),
+                             draft)
+    assert strategy.generate(prompt).new_tokens == hf_greedy(model, prompt, 40)
