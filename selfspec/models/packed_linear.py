@@ -1,13 +1,14 @@
 """The decoder's linear layers through oneDNN, each weight packed once at load (`model.packed_linears`).
 
-On this CPU `nn.Linear` (MKL sgemm, fp32) costs nearly one full pass over the weight per row for the few rows
-of a decoding step: the linears of SmolLM2's 30 layers took 19 ms for 1 row, 28 ms for 2 and 36 ms for 4.
-oneDNN with the weight packed once into its blocked layout takes 9, 10 and 11 ms. A whole forward then costs
-about the same for 1 to 6 tokens (SmolLM2 c(q) 37 / 55 / 63 / 54 ms -> 26 / 26 / 28 / 26 ms for q = 1..4), so
-plain decoding gets faster and a verification of several drafts costs about one plain step. These are the ops
-torch.compile's CPU weight prepacking emits (`mkldnn._reorder_linear_weight`, `mkldnn._linear_pointwise`),
-without compiling. Each output row is computed the same whatever the number of rows (measured here), as for the
-one-row-as-two output layer (output_layer.py).
+On this CPU `nn.Linear` (MKL sgemm, fp32) is slow for the few rows of a decoding step and grows with each row: the
+linears of SmolLM2's 30 layers took 19 ms for 1 row, 28 ms for 2 and 36 ms for 4. oneDNN with the weight packed
+once into its blocked layout takes 9, 10 and 11 ms. A whole forward then costs about the same for 1 to 6 tokens
+(SmolLM2 c(q) 37 / 55 / 63 / 54 ms -> 26 / 26 / 28 / 26 ms for q = 1..4), so plain decoding gets faster and a
+verification of several drafts costs about one plain step. These are the ops torch.compile's CPU weight
+prepacking emits for low-precision weights, on Arm and when compiling ahead of time (`mkldnn._reorder_linear_weight`,
+`mkldnn._linear_pointwise`), without compiling; for float32 it picks MKL's packed sgemm (`mkl._mkl_linear`), which
+was no faster than `nn.Linear` here (18 / 25 / 38 ms). Each output row is computed the same whatever the number of
+rows (measured here), as for the one-row-as-two output layer (output_layer.py).
 
 Packed only where it pays: a float32 model wholly on the CPU (bfloat16 took a slow path for 2 rows, 20x) with
 oneDNN available; inference only (the op has no backward).
