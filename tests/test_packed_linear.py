@@ -43,10 +43,13 @@ def test_a_packed_linear_computes_what_the_linear_does(shape, bias):
         assert torch.equal(state[key], value)
 
 
-def test_a_packed_linear_refuses_to_train():
+def test_a_packed_linear_refuses_to_train_and_says_how_to_run_it():
     packed = PackedLinear(nn.Linear(8, 8))
-    with pytest.raises(RuntimeError, match="model.packed_linears=false"):
-        packed(torch.randn(2, 8, requires_grad=True))
+    x = torch.randn(2, 8, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"torch\.no_grad\(\), or load it with model\.packed_linears=false"):
+        packed(x)
+    with torch.no_grad():
+        assert packed(x).shape == (2, 8)
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2"])

@@ -35,7 +35,8 @@ class PackedLinear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """(..., in) -> (..., out)."""
         if x.requires_grad and torch.is_grad_enabled():
-            raise RuntimeError("packed linears are for inference (no backward); load with model.packed_linears=false")
+            raise RuntimeError("packed linears have no backward: run the model under torch.inference_mode() or "
+                               "torch.no_grad(), or load it with model.packed_linears=false to train through it")
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
