@@ -12,15 +12,10 @@ from selfspec.models.loading import load_model
 from selfspec.models.packed_linear import PackedLinear, pack_linears
 from selfspec.models.skip import SkipSet, decoder_layers
 from selfspec.models.tiny import tiny_model
-from selfspec.settings import ModelSettings, typed
 
 from conftest import run_settings
 from test_decoding import hf_greedy
-
-
-def settings(**overrides) -> ModelSettings:
-    return typed(ModelSettings, dict(name="m", source="tiny", dtype="float32", device="cpu", family="llama",
-                                     num_layers=4, hidden_size=64, sliding_window=16, seed=0) | overrides, "model")
+from test_loading import cfg
 
 
 def linears(model) -> list[nn.Module]:
@@ -54,8 +49,8 @@ def test_a_packed_linear_refuses_to_train_and_says_how_to_run_it():
 
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
 def test_load_packs_every_decoder_linear_of_a_float32_cpu_model_and_keeps_its_logits(family):
-    packed = load_model(settings(family=family)).model
-    dense = load_model(settings(family=family, packed_linears=False)).model
+    packed = load_model(cfg(family=family)).model
+    dense = load_model(cfg(family=family, packed_linears=False)).model
     assert linears(packed) and all(type(m) is PackedLinear for m in linears(packed))
     assert all(type(m) is nn.Linear for m in linears(dense))
     assert type(packed.get_output_embeddings()) is nn.Linear  # the output layer stays (often tied to the embedding)
@@ -66,13 +61,13 @@ def test_load_packs_every_decoder_linear_of_a_float32_cpu_model_and_keeps_its_lo
 
 @pytest.mark.parametrize("overrides", [dict(dtype="bfloat16"), dict(device_map="cpu")])
 def test_models_packing_does_not_apply_to_stay_dense(overrides):
-    model = load_model(settings(**overrides)).model
+    model = load_model(cfg(**overrides)).model
     assert all(type(m) is nn.Linear for m in linears(model))
     assert pack_linears(model) == 0
 
 
 def test_a_kangaroo_adapter_copies_the_dense_weights_of_a_packed_layer():
-    packed, dense = load_model(settings()).model, load_model(settings(packed_linears=False)).model
+    packed, dense = load_model(cfg()).model, load_model(cfg(packed_linears=False)).model
     copied, reference = new_adapter(packed, 2).state_dict(), new_adapter(dense, 2).state_dict()
     assert copied.keys() == reference.keys()
     assert all(torch.equal(copied[key], reference[key]) for key in reference)
