@@ -61,7 +61,7 @@ figures: install  ## Figures (PNG + PDF) from the latest records of each experim
 SCALE ?= smoke
 
 reproduce: install  ## Every experiment behind the figures (SCALE=smoke: minutes, SCALE=paper: hours; done ones skipped), then the figures
-	$(PY) -m selfspec.reproduce --scale $(SCALE) $(ARGS)
+	$(PY) -m selfspec.plots.reproduce --scale $(SCALE) $(ARGS)
 	$(PY) -m selfspec.figures --outputs outputs --out outputs/figures
 
 PORT ?= 8000

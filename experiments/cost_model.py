@@ -16,7 +16,8 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
-from selfspec.cost_model import CONTEXT, measure_draft_ms, measure_step_costs
+from selfspec.data.prompt_sets import calibration_texts
+from selfspec.decoding.costs import CONTEXT, measure_draft_ms, measure_step_costs
 from selfspec.models.draft_head import make_draft_head
 from selfspec.models.loading import load_model
 from selfspec.models.skip import num_layers
@@ -34,7 +35,7 @@ def main(overrides: list[str]) -> None:
     loaded = load_model(settings.model)
     skip, _ = resolve_skip(settings.skip, num_layers(loaded.model))
     size = settings.draft.vocab_size
-    head = make_draft_head(loaded.model, loaded.tokenizer, size) if size else None
+    head = make_draft_head(loaded.model, loaded.tokenizer, size, calibration_texts()) if size else None
     costs = measure_step_costs(loaded.model, settings.draft.max_tokens + 1, {size: head} if head else None)
     verify, draft = costs.verify_ms, costs.draft_ms(skip, size)
     print(f"{loaded.name}, {torch.get_num_threads()} threads, context {CONTEXT}; skip attn={list(skip.attn)} "

@@ -21,8 +21,8 @@ from pathlib import Path
 import yaml
 from omegaconf import OmegaConf
 
-from selfspec.records import RecordedStep, read_jsonl
-from selfspec.reproduce import plan, reproduce
+from selfspec.plots.reproduce import plan, reproduce
+from selfspec.records.prompt_records import RecordedStep, read_jsonl
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = {"model": "tiny_llama", "logger": "none", "data.limit": 2, "sampling.max_new_tokens": 16}

@@ -26,8 +26,8 @@ RECORDS = None  # a run folder; None: the latest outputs/experiments/adaptive_tr
 
 # %%
 # %matplotlib inline
-from selfspec.runs import find_records, load_runs
 from selfspec.plots import plot_accepted_histogram, plot_adaptive_trace
+from selfspec.records.runs import find_records, load_runs
 
 path = find_records("adaptive_trace", RECORDS)
 (run,) = load_runs(path)

@@ -26,8 +26,8 @@ RECORDS = None  # a sweep folder; None: the latest outputs/experiments/sampling/
 
 # %%
 # %matplotlib inline
-from selfspec.runs import find_records, load_runs
 from selfspec.plots import plot_sampling
+from selfspec.records.runs import find_records, load_runs
 
 path = find_records("sampling", RECORDS)
 runs = load_runs(path)

@@ -26,8 +26,8 @@ RECORDS = None  # a search run folder; None: the latest outputs/experiments/sear
 
 # %%
 # %matplotlib inline
-from selfspec.runs import find_records, load_search
 from selfspec.plots import plot_pareto_front, plot_search_history, plot_skip_mask
+from selfspec.records.runs import find_records, load_search
 
 path = find_records("search_history", RECORDS)
 search = load_search(path)

@@ -25,8 +25,8 @@ RECORDS = None  # a sweep folder; None: the latest outputs/experiments/skip_rati
 
 # %%
 # %matplotlib inline
-from selfspec.runs import find_records, load_runs
 from selfspec.plots import plot_skip_ratio
+from selfspec.records.runs import find_records, load_runs
 
 path = find_records("skip_ratio", RECORDS)
 runs = load_runs(path)

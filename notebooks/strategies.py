@@ -25,9 +25,9 @@ RECORDS = None  # a run folder; None: the latest outputs/experiments/strategies/
 
 # %%
 # %matplotlib inline
-from selfspec.runs import find_records, load_runs
 from selfspec.plots import plot_accepted_histogram, plot_strategy_speedups
-from selfspec.records import markdown_table, summarize
+from selfspec.records.prompt_records import markdown_table, summarize
+from selfspec.records.runs import find_records, load_runs
 
 path = find_records("strategies", RECORDS)
 (run,) = load_runs(path)

@@ -26,8 +26,8 @@ RECORDS = None  # a sweep folder; None: the latest outputs/experiments/threshold
 # %%
 # %matplotlib inline
 from selfspec.plots import plot_threshold_sweep
-from selfspec.records import summarize
-from selfspec.runs import find_records, load_runs
+from selfspec.records.prompt_records import summarize
+from selfspec.records.runs import find_records, load_runs
 
 path = find_records("threshold_sweep", RECORDS)
 runs = load_runs(path)

@@ -1,8 +1,8 @@
 """selfspec: self-speculative decoding over transformers models. The Python API: `SelfSpeculativeDecoder`
 (decoder.py); imported on first use, so `import selfspec.<module>` (and run.py --help) stays light."""
 
-API = {"SelfSpeculativeDecoder": "selfspec.decoder", "Completion": "selfspec.decoder",
-       "DEFAULT_DRAFT": "selfspec.decoder", "Chunk": "selfspec.streaming", "DecodingStats": "selfspec.streaming"}
+API = {"SelfSpeculativeDecoder": "selfspec.api.decoder", "Completion": "selfspec.api.decoder",
+       "DEFAULT_DRAFT": "selfspec.api.decoder", "Chunk": "selfspec.api.streaming", "DecodingStats": "selfspec.api.streaming"}
 
 
 def __getattr__(name: str):

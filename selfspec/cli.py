@@ -22,8 +22,8 @@ def main() -> None:
 @hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")
 def run_task(cfg) -> None:
     # imported after Hydra parsed the command line: `--help` stays fast
-    from selfspec.app import run
-    from selfspec.kangaroo_train import train
+    from selfspec.evaluation.task import run
+    from selfspec.training.kangaroo import train
     from selfspec.serve import serve
     from selfspec.settings import from_config, launch_settings
 
@@ -40,7 +40,7 @@ def run_task(cfg) -> None:
 
 def check_run_dir(argv: list[str]) -> None:
     """Hydra makes the run dir before run_task() and fails with a traceback; a given hydra.run.dir is checked first."""
-    from selfspec.run_dir import check_output_dir
+    from selfspec.records.run_dir import check_output_dir
 
     for arg in argv:
         if arg.startswith("hydra.run.dir="):

@@ -16,9 +16,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
-from selfspec.decoding.sampling import SamplingSettings
 from selfspec.errors import SelfspecError
-from selfspec.prompt_formats import FORMAT_NAMES
 
 MODEL_SOURCES = ("smollm2", "gemma3_270m", "hub", "tiny")
 TINY_FAMILIES = ("llama", "gemma2")
@@ -31,8 +29,76 @@ LOGGERS = ("wandb", "none")
 WANDB_MODES = ("offline", "online", "disabled")
 TASKS = ("evaluate", "kangaroo_train", "serve")
 TURNS = ("first", "all")
+FORMAT_NAMES = ("auto", "fastchat", "sharegpt", "alpaca", "gsm8k", "humaneval", "prompt")  # data/formats.py's, in detection order
 SPLITS = ("all", "calibration", "evaluation")  # data.split: every prompt, the even-numbered ones, the odd-numbered ones
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    temperature: float = 0.0  # 0 means greedy
+    top_k: int = 0  # 0 means off
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    max_new_tokens: int = 128
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise SelfspecError(f"temperature={self.temperature} is negative; allowed: 0 (greedy) or > 0")
+        if self.top_k < 0:
+            raise SelfspecError(f"top_k={self.top_k} is negative; allowed: 0 (off) or a positive integer")
+        if not 0 < self.top_p <= 1:
+            raise SelfspecError(f"top_p={self.top_p} is outside (0, 1]")
+        if self.repetition_penalty <= 0:
+            raise SelfspecError(f"repetition_penalty={self.repetition_penalty} must be > 0")
+        if self.max_new_tokens < 1:
+            raise SelfspecError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class SkipSet:
+    attn: tuple[int, ...] = ()
+    mlp: tuple[int, ...] = ()
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.attn and not self.mlp
+
+    def fraction(self, num_layers: int) -> float:
+        """Share of the 2 x num_layers sublayers that are skipped."""
+        return (len(self.attn) + len(self.mlp)) / (2 * num_layers)
+
+    def as_dict(self) -> dict:
+        return {"attn": list(self.attn), "mlp": list(self.mlp)}
+
+
+def make_skip_set(attn, mlp, num_layers: int) -> SkipSet:
+    """Validate layer ids (integers in [0, num_layers), no duplicates, not everything) into a SkipSet."""
+    checked = {}
+    for kind, ids in (("attn", attn), ("mlp", mlp)):
+        ids = list(ids or [])
+        for i in ids:
+            if isinstance(i, bool) or not isinstance(i, int):
+                raise SelfspecError(f"{kind}: layer id {i!r} is not an integer; allowed: 0..{num_layers - 1}")
+            if not 0 <= i < num_layers:
+                raise SelfspecError(f"{kind}: layer id {i} is out of range; allowed: 0..{num_layers - 1}")
+        duplicates = sorted({i for i in ids if ids.count(i) > 1})
+        if duplicates:
+            raise SelfspecError(f"{kind}: layer ids {duplicates} appear more than once")
+        checked[kind] = tuple(sorted(ids))
+    if len(checked["attn"]) == len(checked["mlp"]) == num_layers:
+        raise SelfspecError(f"skip set skips all {2 * num_layers} sublayers; keep at least one")
+    return SkipSet(**checked)
+
+
+def default_threshold(greedy: bool) -> float:
+    """The starting draft-exit threshold when `draft.threshold` is null: the paper code's 0.8 for greedy decoding,
+    0.5 for sampling."""
+    return 0.8 if greedy else 0.5
 
 
 def one_of(key: str, value, allowed: tuple) -> None:
@@ -127,7 +193,7 @@ class DraftSettings:
     """The `draft` group: the draft-exit policy (fixed | threshold | adaptive | cost) and the drafters' own options."""
     policy: str
     max_tokens: int
-    threshold: Optional[float] = None  # threshold, adaptive (its start); None: draft_exit.default_threshold
+    threshold: Optional[float] = None  # threshold, adaptive (its start); None: default_threshold below
     beta1: Optional[float] = None  # adaptive only; None: the paper's value (decoding/draft_exit.py)
     target_acceptance: Optional[float] = None
     epsilon: Optional[float] = None

@@ -4,12 +4,11 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.speculative import generate
 from selfspec.decoding.strategies import make_strategy
 from selfspec.models.cache import RewindableCache, forward, new_cache
-from selfspec.models.skip import SkipSet
 from selfspec.models.tiny import tiny_model
+from selfspec.settings import SamplingSettings, SkipSet
 
 from conftest import run_settings
 from test_decoding import assert_cache_holds, hf_greedy

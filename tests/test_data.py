@@ -2,10 +2,10 @@ import json
 
 import pytest
 
-from selfspec.data import PROMPT_SETS, Prompt, encode_prompt, load_prompt_set, load_prompts
+from selfspec.data.prompt_sets import PROMPT_SETS, Prompt, encode_prompt, load_prompt_set, load_prompts
 from selfspec.errors import SelfspecError
-from selfspec.settings import DataSettings
 from selfspec.models.tiny import byte_tokenizer
+from selfspec.settings import DataSettings
 
 
 def write_lines(path, lines):

@@ -1,4 +1,4 @@
-"""The Python API (selfspec/decoder.py, streaming.py) on a tiny model: lossless replies, streamed steps with their
+"""The Python API (selfspec/api/decoder.py, streaming.py) on a tiny model: lossless replies, streamed steps with their
 token sources, stats as the decoding loop counts them, stop strings, one-line errors, and the README's cell."""
 
 import dataclasses
@@ -11,11 +11,11 @@ from transformers import AutoModelForCausalLM
 
 from conftest import run_settings
 from selfspec import DEFAULT_DRAFT, SelfSpeculativeDecoder
-from selfspec.data import Prompt, encode_prompt
-from selfspec.decoding.sampling import SamplingSettings
+from selfspec.api.streaming import VERIFIED, stream_chunks
+from selfspec.data.prompt_sets import Prompt, encode_prompt
 from selfspec.errors import SelfspecError
 from selfspec.models.tiny import tiny_model
-from selfspec.streaming import VERIFIED, stream_chunks
+from selfspec.settings import SamplingSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 SKIP = {"attn": [3, 5], "mlp": [4]}

@@ -8,17 +8,18 @@ import torch
 from conftest import run_settings
 from scipy.stats import chisquare
 
-from selfspec.cost_model import CostMeter, DraftCosts
+from selfspec.data.prompt_sets import calibration_texts
+from selfspec.decoding.costs import CostMeter, DraftCosts
 from selfspec.decoding.draft_exit import AdaptiveExit, CostAwareExit, DraftExit, ThresholdExit
 from selfspec.decoding.drafters import (GenerationContext, HybridDrafter, ModelDrafter, NgramDrafter, SelfDrafter,
                                         ngram_continuation)
-from selfspec.decoding.sampling import SamplingSettings, logits_processor
+from selfspec.decoding.sampling import logits_processor
 from selfspec.decoding.speculative import generate, prefill, speculative_step
 from selfspec.decoding.strategies import make_strategy
 from selfspec.errors import SelfspecError
 from selfspec.models.cache import forward, new_cache
-from selfspec.models.skip import make_skip_set
 from selfspec.models.tiny import tiny_model
+from selfspec.settings import SamplingSettings, make_skip_set
 
 GREEDY = SamplingSettings(max_new_tokens=60)
 
@@ -310,7 +311,7 @@ def test_reduced_draft_vocabulary_keeps_greedy_output(tiny, prompt, tokenizer):
     from selfspec.models.draft_head import make_draft_head
 
     plain = generate(tiny, prompt, GREEDY).new_tokens
-    head = make_draft_head(tiny, tokenizer, 64)
+    head = make_draft_head(tiny, tokenizer, 64, calibration_texts())
     assert len(head.token_ids) == 64
     for skip in ([], [2]):
         result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, make_skip_set(skip, [], 6), DraftExit(4), head))
@@ -325,7 +326,7 @@ def test_speculative_sampling_with_a_reduced_draft_vocabulary_is_exact():
 
     model = tiny_model("llama", num_layers=2, hidden_size=32, seed=3, init_std=0.3).double()
     settings = SamplingSettings(temperature=1.0, top_k=3, max_new_tokens=3)
-    head = make_draft_head(model, byte_tokenizer(), 40)
+    head = make_draft_head(model, byte_tokenizer(), 40, calibration_texts())
     drafter = SelfDrafter(model, make_skip_set([], [], 2), DraftExit(2), head)
     exact = exact_pair_distribution(model, [5, 40, 77], settings)
     gen = torch.Generator().manual_seed(1)
@@ -341,4 +342,4 @@ def test_bad_draft_vocabulary_size(tiny, tokenizer):
     from selfspec.models.draft_head import make_draft_head
 
     with pytest.raises(SelfspecError, match=r"draft.vocab_size=0 is outside 1..259"):
-        make_draft_head(tiny, tokenizer, 0)
+        make_draft_head(tiny, tokenizer, 0, calibration_texts())

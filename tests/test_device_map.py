@@ -8,18 +8,17 @@ import pytest
 import torch
 from conftest import run_settings
 
+from selfspec.data.prompt_sets import calibration_texts
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.drafters import KangarooDrafter, SelfDrafter
-from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
 from selfspec.models import output_layer
 from selfspec.models.draft_head import make_draft_head
 from selfspec.models.kangaroo_adapter import new_adapter
 from selfspec.models.loading import load_model
-from selfspec.models.skip import make_skip_set
 from selfspec.models.tiny import byte_tokenizer, tiny_model
-from selfspec.settings import ModelSettings, typed
+from selfspec.settings import ModelSettings, SamplingSettings, make_skip_set, typed
 
 GREEDY = SamplingSettings(max_new_tokens=32)
 LAYERS = 6
@@ -86,7 +85,7 @@ def test_disk_offloaded_layers_with_skipping_decode_as_plain(one_thread, prompt,
     pre_forward = hook.pre_forward
     hook.pre_forward = lambda module, *args, **kwargs: (loads.append(1), pre_forward(module, *args, **kwargs))[1]
     plain = generate(plain_model, prompt, GREEDY).new_tokens
-    head = make_draft_head(model, byte_tokenizer(), 64)  # rows of the offloaded output layer, copied
+    head = make_draft_head(model, byte_tokenizer(), 64, calibration_texts())  # the offloaded rows, copied
     assert head.weight.device.type == "cpu" and torch.equal(head.weight, plain_model.lm_head.weight[head.token_ids])
     accepted = 0
     for skip, draft_head in zip(SKIPS, (head, None, None)):  # every forward of an offloaded layer reads the disk
@@ -121,7 +120,7 @@ def test_bfloat16_stays_bfloat16_through_drafting_and_verification(one_thread, p
     real = output_layer.output_logits
     monkeypatch.setattr(output_layer, "output_logits", spy)
     monkeypatch.setattr("selfspec.models.draft_head.output_logits", spy)
-    head = make_draft_head(model, byte_tokenizer(), 64)
+    head = make_draft_head(model, byte_tokenizer(), 64, calibration_texts())
     assert head.weight.dtype == torch.bfloat16
     for sampling in (GREEDY, SamplingSettings(temperature=1.0, max_new_tokens=32)):
         result, drafter = self_spec(model, prompt, make_skip_set([2], [3], LAYERS), head, sampling)

@@ -1,6 +1,6 @@
 import pytest
 
-from selfspec.cost_model import DraftCosts
+from selfspec.decoding.costs import DraftCosts
 from selfspec.decoding.draft_exit import AdaptiveExit, CostAwareExit, DraftExit, ThresholdExit
 from selfspec.errors import SelfspecError
 

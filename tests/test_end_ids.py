@@ -2,18 +2,16 @@
 
 from dataclasses import replace
 
-from selfspec.decoder import DEFAULT_DRAFT
+from selfspec.api.decoder import DEFAULT_DRAFT
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.drafters import GenerationContext, KangarooDrafter, ModelDrafter, NgramDrafter
-from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.speculative import generate
 from selfspec.decoding.strategies import Strategy, make_strategy
 from selfspec.models.cache import new_cache
 from selfspec.models.kangaroo_adapter import new_adapter
 from selfspec.models.loading import load_model, model_end_ids
-from selfspec.models.skip import make_skip_set
 from selfspec.models.tiny import byte_tokenizer, tiny_model
-from selfspec.settings import ModelSettings
+from selfspec.settings import ModelSettings, SamplingSettings, make_skip_set
 
 GREEDY = SamplingSettings(max_new_tokens=42)
 DRAFT = replace(DEFAULT_DRAFT, policy="fixed", max_tokens=6, ngram_tokens=8)

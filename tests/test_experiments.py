@@ -8,9 +8,9 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from selfspec import figures as figs
-from selfspec import runs as runs_
-from selfspec.models.skip import make_skip_set
+from selfspec.plots import figures as figs
+from selfspec.records import runs as runs_
+from selfspec.settings import make_skip_set
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

@@ -6,15 +6,14 @@ import pytest
 import torch
 from conftest import run_settings
 
-from selfspec.data import encode_prompt, load_prompts
+from selfspec.data.prompt_sets import encode_prompt, load_prompts
 from selfspec.decoding.hf_baselines import HF_STRATEGIES, make_hf_strategy
-from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.strategies import Strategy, make_strategy
 from selfspec.errors import SelfspecError
-from selfspec.evaluate import measure_peak_memory
+from selfspec.evaluation.evaluate import measure_peak_memory
 from selfspec.models.loading import load_model
-from selfspec.models.skip import make_skip_set
 from selfspec.models.tiny import tiny_model
+from selfspec.settings import SamplingSettings, make_skip_set
 
 GREEDY = SamplingSettings(max_new_tokens=40)
 SAMPLE = SamplingSettings(temperature=0.8, top_k=50, top_p=0.95, max_new_tokens=30)

@@ -11,15 +11,15 @@ import torch
 
 from selfspec.decoding.draft_exit import AdaptiveExit, DraftExit, ThresholdExit
 from selfspec.decoding.drafters.kangaroo import KangarooDrafter, adapter_hidden
-from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
-from selfspec.kangaroo_train import TrainSettings, collect, train_adapter
 from selfspec.models.cache import RewindableCache
 from selfspec.models.kangaroo_adapter import check_exit_layer, load_adapter, new_adapter, save_adapter
 from selfspec.models.output_layer import model_logits
 from selfspec.models.skip import decoder_layers
 from selfspec.models.tiny import tiny_model
+from selfspec.settings import SamplingSettings
+from selfspec.training.kangaroo import TrainSettings, collect, train_adapter
 from test_decoding import chi_square_pvalue, exact_pair_distribution
 
 ROOT = Path(__file__).resolve().parents[1]

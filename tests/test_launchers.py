@@ -13,7 +13,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from conftest import run_settings
-from selfspec.app import run
+from selfspec.evaluation.task import run
 from selfspec.settings import LaunchSettings, launch_settings
 from wandb_history import run_group
 

@@ -6,17 +6,16 @@ from dataclasses import replace
 
 import pytest
 
-from selfspec.conversation import answer_text, check_multi_turn
-from selfspec.data import Prompt, encode_prompt
-from selfspec.decoder import DEFAULT_DRAFT
-from selfspec.decoding.sampling import SamplingSettings
+from selfspec.api.decoder import DEFAULT_DRAFT
+from selfspec.data.conversation import answer_text, check_multi_turn
+from selfspec.data.prompt_sets import Prompt, encode_prompt
 from selfspec.decoding.strategies import Strategy, make_strategy
 from selfspec.errors import SelfspecError
-from selfspec.evaluate import evaluate
-from selfspec.models.skip import SkipSet
+from selfspec.evaluation.evaluate import evaluate
+from selfspec.evaluation.spec_bench import write_answers
 from selfspec.models.tiny import tiny_model
-from selfspec.records import read_records
-from selfspec.spec_bench import write_answers
+from selfspec.records.prompt_records import read_records
+from selfspec.settings import SamplingSettings, SkipSet
 
 EOS = (2,)
 PROMPTS = [Prompt("81", "writing", ("Write a poem about rain.", "Now make it shorter."), chat=True),

@@ -9,7 +9,7 @@ jupytext = pytest.importorskip("jupytext")
 nbclient = pytest.importorskip("nbclient")
 nbformat = pytest.importorskip("nbformat")
 
-from selfspec.runs import latest  # noqa: E402
+from selfspec.records.runs import latest  # noqa: E402
 from test_experiments import tiny_outputs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

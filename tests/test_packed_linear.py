@@ -5,13 +5,13 @@ import pytest
 import torch
 from torch import nn
 
-from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.strategies import make_strategy
 from selfspec.models.kangaroo_adapter import new_adapter
 from selfspec.models.loading import load_model
 from selfspec.models.packed_linear import PackedLinear, pack_linears
-from selfspec.models.skip import SkipSet, decoder_layers
+from selfspec.models.skip import decoder_layers
 from selfspec.models.tiny import tiny_model
+from selfspec.settings import SamplingSettings, SkipSet
 
 from conftest import run_settings
 from test_decoding import hf_greedy

@@ -5,9 +5,9 @@ from matplotlib.figure import Figure
 
 from selfspec import plots
 from selfspec.errors import SelfspecError
-from selfspec.models.skip import SkipSet
-from selfspec.records import PromptRecord, RecordedStep, summarize
-from selfspec.runs import Run, Trial, TrialMetrics
+from selfspec.records.prompt_records import PromptRecord, RecordedStep, summarize
+from selfspec.records.runs import Run, Trial, TrialMetrics
+from selfspec.settings import SkipSet
 
 
 def record(strategy, question_id, category="code", elapsed_s=1.0, steps=((3, 2), (3, 0), (4, 4)), threshold=0.5,

@@ -9,14 +9,13 @@ import pytest
 import torch
 
 from selfspec import timing
-from selfspec.data import encode_prompt, load_prompts
-from selfspec.decoder import DEFAULT_DRAFT
-from selfspec.decoding.sampling import SamplingSettings
+from selfspec.api.decoder import DEFAULT_DRAFT
+from selfspec.data.prompt_sets import encode_prompt, load_prompts
 from selfspec.decoding.strategies import make_strategy
-from selfspec.evaluate import evaluate
-from selfspec.models.skip import SkipSet
+from selfspec.evaluation.evaluate import evaluate
 from selfspec.models.tiny import tiny_model
-from selfspec.records import first_difference, read_records
+from selfspec.records.prompt_records import first_difference, read_records
+from selfspec.settings import SamplingSettings, SkipSet
 
 PACKAGE = Path(__file__).resolve().parents[1] / "selfspec"
 

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from selfspec.data import load_prompt_set, load_prompts
+from selfspec.data.formats import FORMATS, Prompt, parse_prompt_line
+from selfspec.data.prompt_sets import load_prompt_set, load_prompts
 from selfspec.errors import SelfspecError
-from selfspec.prompt_formats import FORMATS, Prompt, parse_prompt_line
 from conftest import run_settings
 
 SPEC_BENCH = Path(__file__).parent / "data" / "spec_bench_question.jsonl"  # lines in the shapes Spec-Bench publishes

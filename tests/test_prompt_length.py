@@ -2,10 +2,10 @@
 
 import pytest
 
+from selfspec.data.formats import Prompt
+from selfspec.data.lengths import ContextRoom, context_room, fit_prompts, with_truncated_count
 from selfspec.errors import SelfspecError
 from selfspec.models.tiny import tiny_model
-from selfspec.prompt_formats import Prompt
-from selfspec.prompt_length import ContextRoom, context_room, fit_prompts, with_truncated_count
 
 PROMPTS = [Prompt("short", "c", ("a",), chat=True), Prompt("long", "c", ("b",), chat=True)]
 IDS = [list(range(10)), list(range(100, 150))]  # 10 and 50 tokens

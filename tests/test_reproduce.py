@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 
 from conftest import run_settings
-from selfspec import reproduce as rep
 from selfspec.errors import SelfspecError
-from selfspec.figures import FIGURE_GROUPS, SWEEPS
-from selfspec.runs import load_runs
+from selfspec.plots import reproduce as rep
+from selfspec.plots.figures import FIGURE_GROUPS, SWEEPS
+from selfspec.records.runs import load_runs
 
 
 def one_job(overrides: tuple[str, ...]) -> list[str]:

@@ -12,15 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from selfspec import summarize as summarize_cli
-from selfspec.data import encode_prompt, load_prompts
-from selfspec.decoder import DEFAULT_DRAFT
-from selfspec.decoding.sampling import SamplingSettings
+from selfspec.api.decoder import DEFAULT_DRAFT
+from selfspec.data.prompt_sets import encode_prompt, load_prompts
 from selfspec.decoding.strategies import make_strategy
-from selfspec.evaluate import evaluate
-from selfspec.models.skip import SkipSet
+from selfspec.evaluation import summarize as summarize_cli
+from selfspec.evaluation.evaluate import evaluate
 from selfspec.models.tiny import tiny_model
-from selfspec.records import WrittenRecord, first_difference, read_records, summarize
+from selfspec.records.prompt_records import WrittenRecord, first_difference, read_records, summarize
+from selfspec.settings import SamplingSettings, SkipSet
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMES = {"elapsed_s", "tokens_per_s", "speedup", "peak_mem_mb", "median_prompt_speedup", "steps"}  # vary run to run

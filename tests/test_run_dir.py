@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from selfspec import run_dir
 from selfspec.errors import SelfspecError
-from selfspec.records import read_jsonl
-from selfspec.run_dir import append_line, check_output_dir, differing_keys, open_run_dir, write_file
+from selfspec.records import run_dir
+from selfspec.records.prompt_records import read_jsonl
+from selfspec.records.run_dir import append_line, check_output_dir, differing_keys, open_run_dir, write_file
 
 SETTINGS = {"seed": 0, "resume": False, "data": {"name": "chat", "limit": 2}, "logger": {"kind": "none"},
             "sampling": {"max_new_tokens": 24}}

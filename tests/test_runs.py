@@ -9,12 +9,12 @@ import pytest
 from test_experiments import FIGURES
 from test_plots import record, run_records
 
-from selfspec import figures as figs
 from selfspec import plots
-from selfspec import runs as runs_
 from selfspec.errors import SelfspecError
-from selfspec.models.skip import SkipSet
-from selfspec.records import PromptRecord, RecordedStep, read_jsonl, read_records, verdict
+from selfspec.plots import figures as figs
+from selfspec.records import runs as runs_
+from selfspec.records.prompt_records import PromptRecord, RecordedStep, read_jsonl, read_records, verdict
+from selfspec.settings import SkipSet
 
 
 def write_lines(path: Path, rows) -> Path:

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from selfspec.decoding.sampling import (SamplingSettings, accept_probability, history_ids, logits_processor,
-                                        residual, scores)
+from selfspec.decoding.sampling import accept_probability, history_ids, logits_processor, residual, scores
 from selfspec.errors import SelfspecError
+from selfspec.settings import SamplingSettings
 
 LOGITS = torch.tensor([[2.0, 1.0, 0.0, -1.0]])  # softmax: 0.6439, 0.2369, 0.0871, 0.0321
 

@@ -16,22 +16,21 @@ import yaml
 from hydra import compose, initialize_config_dir
 from optuna.trial import TrialState
 
-from selfspec.app import run
-from selfspec.cost_model import StepCosts, expected_speedup
-from selfspec.data import encode_prompt, load_prompts, split_prompts
+from selfspec.data.prompt_sets import encode_prompt, load_prompts, split_prompts
+from selfspec.decoding.costs import StepCosts, expected_speedup
 from selfspec.decoding.draft_exit import make_exit_policy
 from selfspec.decoding.drafters import SelfDrafter
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
+from selfspec.evaluation.task import run
 from selfspec.models.loading import load_model
-from selfspec.models.skip import SkipSet
 from selfspec.models.skip_config import resolve_skip
-from selfspec.records import read_jsonl
+from selfspec.records.prompt_records import read_jsonl
 from selfspec.search import search_prompts
 from selfspec.search.objective import choose_best, measure
 from selfspec.search.space import Candidate, SearchSpace, search_space, seed_candidates
 from selfspec.search.study import fail_dead_trials, open_storage, open_study
-from selfspec.settings import DataSettings, from_config
+from selfspec.settings import DataSettings, SkipSet, from_config
 
 ROOT = Path(__file__).resolve().parents[1]
 # Small and fast: 1 evaluation prompt x 8 tokens after the search; 4 search prompts (chat 1..4) x 12 tokens.

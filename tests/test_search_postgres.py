@@ -22,7 +22,7 @@ import yaml
 from optuna.trial import TrialState
 
 from selfspec.errors import SelfspecError
-from selfspec.records import read_jsonl
+from selfspec.records.prompt_records import read_jsonl
 from selfspec.search.objective import choose_best
 from selfspec.search.study import FINISHED, fail_dead_trials, open_storage, open_study, quiet_optuna
 

@@ -3,9 +3,8 @@
 import pytest
 from conftest import run_settings
 
-from selfspec.decoding.sampling import SamplingSettings
 from selfspec.errors import SelfspecError
-from selfspec.settings import DraftSettings, ModelSettings, RunSettings, SkipSettings, named
+from selfspec.settings import DraftSettings, ModelSettings, RunSettings, SamplingSettings, SkipSettings, named
 
 
 def test_the_default_run_is_typed_through_and_through():

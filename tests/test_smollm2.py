@@ -4,13 +4,12 @@ import pytest
 import torch
 from conftest import run_settings
 
-from selfspec.data import encode_prompt, load_prompts
+from selfspec.data.prompt_sets import encode_prompt, load_prompts
 from selfspec.decoding.draft_exit import AdaptiveExit, DraftExit
 from selfspec.decoding.drafters import SelfDrafter
-from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.speculative import generate
 from selfspec.models.loading import load_model
-from selfspec.models.skip import make_skip_set
+from selfspec.settings import SamplingSettings, make_skip_set
 
 pytestmark = pytest.mark.slow
 SETTINGS = SamplingSettings(max_new_tokens=48)

@@ -5,19 +5,18 @@ import random
 import pytest
 import torch
 
-from selfspec.cost_model import DraftCosts
+from selfspec.decoding.costs import DraftCosts
 from selfspec.decoding.draft_exit import CostAwareExit, DraftExit, ThresholdExit
 from selfspec.decoding.drafters import (Draft, GenerationContext, HybridDrafter, NgramTreeDrafter, SelfDrafter,
                                         SelfTreeDrafter, ngram_matches)
 from selfspec.decoding.drafters.ngram_tree import add_branch
-from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.speculative import generate, prefill, speculative_step
 from selfspec.decoding.strategies import make_strategy
 from selfspec.decoding.tree import forward_tree, tree_attention_mask
 from selfspec.errors import SelfspecError
 from selfspec.models.cache import forward, new_cache
-from selfspec.models.skip import SkipSet, make_skip_set
 from selfspec.models.tiny import tiny_model
+from selfspec.settings import SamplingSettings, SkipSet, make_skip_set
 
 from conftest import run_settings
 from test_decoding import assert_cache_holds, hf_greedy

@@ -7,15 +7,14 @@ import pytest
 import torch
 
 from selfspec.decoding import tree
-from selfspec.cost_model import DraftCosts
+from selfspec.decoding.costs import DraftCosts
 from selfspec.decoding.draft_exit import CostAwareExit, DraftExit
 from selfspec.decoding.drafters import Draft, HybridDrafter, NgramTreeDrafter, SelfTreeDrafter
 from selfspec.decoding.drafters.layer_skip_tree import branches
-from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.speculative import generate
 from selfspec.decoding.tree import verify_tree_sampled
-from selfspec.models.skip import make_skip_set
 from selfspec.models.tiny import tiny_model
+from selfspec.settings import SamplingSettings, make_skip_set
 
 from test_decoding import chi_square_pvalue, exact_pair_distribution
 

@@ -6,15 +6,14 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, OPTConfig, OPTForCausalLM
 
-from selfspec.decoder import DEFAULT_DRAFT
-from selfspec.decoding.sampling import SamplingSettings
+from selfspec.api.decoder import DEFAULT_DRAFT
 from selfspec.decoding.speculative import generate
 from selfspec.decoding.strategies import NAMES, make_strategy
 from selfspec.errors import SelfspecError
 from selfspec.models.loading import load_model
-from selfspec.models.skip import SkipSet, skipping
+from selfspec.models.skip import skipping
 from selfspec.models.tiny import byte_tokenizer
-from selfspec.settings import ModelSettings
+from selfspec.settings import ModelSettings, SamplingSettings, SkipSet
 
 GREEDY = SamplingSettings(max_new_tokens=8)
 DRAFT = replace(DEFAULT_DRAFT, policy="fixed", max_tokens=4, ngram_tokens=4)

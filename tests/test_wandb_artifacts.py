@@ -11,10 +11,10 @@ import wandb
 from conftest import run_settings
 from wandb_history import artifacts
 
-from selfspec.app import run
-from selfspec.kangaroo_train import train
+from selfspec.evaluation.task import run
 from selfspec.models.loading import load_model
 from selfspec.search import search_skip_set
+from selfspec.training.kangaroo import train
 
 WANDB = ["model=tiny_llama", "model.dtype=float64", "logger=wandb", "logger.mode=offline", "data=chat",
          "data.limit=1", "sampling.max_new_tokens=8", "warmup=false"]

@@ -10,15 +10,9 @@ import dataclasses
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from selfspec.cost_model import DraftCosts, expected_emitted
+from selfspec.decoding.costs import DraftCosts, expected_emitted
 from selfspec.errors import SelfspecError
-from selfspec.settings import DraftSettings
-
-
-def default_threshold(greedy: bool) -> float:
-    """The starting draft-exit threshold when `draft.threshold` is null: the paper code's 0.8 for greedy decoding,
-    0.5 for sampling."""
-    return 0.8 if greedy else 0.5
+from selfspec.settings import DraftSettings, default_threshold
 
 
 def _check_unit(name: str, value: float) -> None:

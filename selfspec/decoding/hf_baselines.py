@@ -16,10 +16,10 @@ from transformers.generation.streamers import BaseStreamer
 
 from selfspec.decoding.prompt_ids import single_prompt
 from selfspec.decoding.results import GenerationResult, StepRecord
-from selfspec.decoding.sampling import SamplingSettings
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import input_device
 from selfspec.models.skip import num_layers
+from selfspec.settings import SamplingSettings
 from selfspec.timing import clock
 
 HF_STRATEGIES = ("hf_generate", "hf_prompt_lookup", "hf_early_exit", "hf_assistant")

@@ -6,38 +6,11 @@ transformers' top-p warper runs on each row's top-k columns instead of sorting t
 TopPWithinTopK below).
 """
 
-from dataclasses import dataclass
-
 import torch
 from transformers import (LogitsProcessor, LogitsProcessorList, RepetitionPenaltyLogitsProcessor,
                           TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 
-from selfspec.errors import SelfspecError
-
-
-@dataclass(frozen=True)
-class SamplingSettings:
-    temperature: float = 0.0  # 0 means greedy
-    top_k: int = 0  # 0 means off
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-    max_new_tokens: int = 128
-
-    def __post_init__(self):
-        if self.temperature < 0:
-            raise SelfspecError(f"temperature={self.temperature} is negative; allowed: 0 (greedy) or > 0")
-        if self.top_k < 0:
-            raise SelfspecError(f"top_k={self.top_k} is negative; allowed: 0 (off) or a positive integer")
-        if not 0 < self.top_p <= 1:
-            raise SelfspecError(f"top_p={self.top_p} is outside (0, 1]")
-        if self.repetition_penalty <= 0:
-            raise SelfspecError(f"repetition_penalty={self.repetition_penalty} must be > 0")
-        if self.max_new_tokens < 1:
-            raise SelfspecError(f"max_new_tokens={self.max_new_tokens} must be >= 1")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+from selfspec.settings import SamplingSettings
 
 
 def logits_processor(settings: SamplingSettings) -> LogitsProcessorList:

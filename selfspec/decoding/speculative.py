@@ -12,12 +12,13 @@ import torch
 from selfspec.decoding.drafters import Draft, Drafter, GenerationContext, cut_at_end
 from selfspec.decoding.prompt_ids import single_prompt
 from selfspec.decoding.results import GenerationResult, StepRecord
-from selfspec.decoding.sampling import SamplingSettings, accept_probability, residual, sample, scores
+from selfspec.decoding.sampling import accept_probability, residual, sample, scores
 from selfspec.decoding.tree import forward_tree, tree_paths, tree_scores, verify_tree_greedy, verify_tree_sampled
 from selfspec.errors import SelfspecError
 from selfspec.models.cache import forward, new_cache
 from selfspec.models.devices import output_device
 from selfspec.models.skip import decoder_layers
+from selfspec.settings import SamplingSettings
 from selfspec.timing import clock
 
 

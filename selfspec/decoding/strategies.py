@@ -17,19 +17,18 @@ from dataclasses import dataclass
 
 import torch
 
-from selfspec.cost_model import CostMeter
+from selfspec.decoding.costs import CostMeter
 from selfspec.decoding.draft_exit import CostAwareExit, make_exit_policy
 from selfspec.decoding.drafters import (Drafter, HybridDrafter, KangarooDrafter, ModelDrafter, NgramDrafter,
                                         NgramTreeDrafter, SelfDrafter, SelfTreeDrafter)
 from selfspec.decoding.hf_baselines import HF_STRATEGIES, HFStrategy, make_hf_strategy
 from selfspec.decoding.results import GenerationResult, StepRecord
-from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.speculative import decode_steps, generate
 from selfspec.errors import SelfspecError
 from selfspec.models.draft_head import DraftHead
 from selfspec.models.kangaroo_adapter import load_adapter
-from selfspec.models.skip import SkipSet, decoder_layers
-from selfspec.settings import POLICIES, DraftSettings, HFSettings, KangarooSettings
+from selfspec.models.skip import decoder_layers
+from selfspec.settings import POLICIES, DraftSettings, HFSettings, KangarooSettings, SamplingSettings, SkipSet
 
 TREE_STRATEGIES = ("prompt_lookup_tree", "self_spec_tree")  # their draft exit: draft.hybrid_policy, as self_spec_hybrid's
 NAMES = ("plain", "self_spec", *(f"self_spec_{p}" for p in (*POLICIES, "searched", "hybrid")), "prompt_lookup",

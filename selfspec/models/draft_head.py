@@ -30,15 +30,15 @@ class DraftHead:
         return full
 
 
-def draft_vocabulary(tokenizer, size: int, vocab_size: int) -> torch.Tensor:
+def draft_vocabulary(tokenizer, size: int, vocab_size: int, texts: list[str]) -> torch.Tensor:
     """The `size` draft token ids: special tokens, single ASCII characters, then the tokens most frequent in
-    calibration text (code and prose), then the lowest ids."""
+    `texts` (calibration text: code and prose), then the lowest ids."""
     if not 0 < size <= vocab_size:
         raise SelfspecError(f"draft.vocab_size={size} is outside 1..{vocab_size} (this model's vocabulary)")
     pieces = tokenizer.convert_ids_to_tokens(list(range(min(vocab_size, len(tokenizer)))))
     ascii_chars = [i for i, piece in enumerate(pieces)
                    if piece is not None and len(piece.lstrip("▁Ġ")) == 1 and piece.lstrip("▁Ġ").isascii()]
-    counts = Counter(t for text in calibration_texts() for t in tokenizer(text, add_special_tokens=False).input_ids)
+    counts = Counter(t for text in texts for t in tokenizer(text, add_special_tokens=False).input_ids)
     chosen = dict.fromkeys([*tokenizer.all_special_ids, *ascii_chars, *(t for t, _ in counts.most_common())])
     for i in range(vocab_size):
         if len(chosen) >= size:
@@ -47,19 +47,11 @@ def draft_vocabulary(tokenizer, size: int, vocab_size: int) -> torch.Tensor:
     return torch.tensor(sorted(t for t in list(chosen)[:size] if t < vocab_size))
 
 
-def calibration_texts() -> list[str]:
-    """The calibration half of each shipped prompt set (with HumanEval's solutions), so the draft vocabulary is not
-    fitted on the evaluation half that `make bench` reports on."""
-    from selfspec.data import load_prompts, split_prompts
-
-    sets = [split_prompts(load_prompts(name), "calibration") for name in ("humaneval", "chat", "summarize")]
-    return [p.turns[0] + (p.reference or "") for prompts in sets for p in prompts]
-
-
-def make_draft_head(model, tokenizer, size: int) -> DraftHead:
-    """The rows of the model's output layer for the draft vocabulary, copied (in the model's dtype) onto the output
+def make_draft_head(model, tokenizer, size: int, texts: list[str]) -> DraftHead:
+    """The rows of the model's output layer for the draft vocabulary (counted on `texts`, the caller's calibration
+    text: data/prompt_sets.py `calibration_texts`), copied (in the model's dtype) onto the output
     layer's device."""
     with loaded_weights(model.get_output_embeddings()) as head:
         weight = head.weight  # (vocab, hidden)
-        ids = draft_vocabulary(tokenizer, size, weight.shape[0]).to(weight.device)
+        ids = draft_vocabulary(tokenizer, size, weight.shape[0], texts).to(weight.device)
         return DraftHead(ids, weight.detach()[ids], weight.shape[0], final_softcap(model))

@@ -7,48 +7,12 @@ inside `skipping(...)`; outside it the model is the full model, with the same we
 """
 
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from selfspec.errors import SelfspecError
-
-
-@dataclass(frozen=True)
-class SkipSet:
-    attn: tuple[int, ...] = ()
-    mlp: tuple[int, ...] = ()
-
-    @property
-    def is_empty(self) -> bool:
-        return not self.attn and not self.mlp
-
-    def fraction(self, num_layers: int) -> float:
-        """Share of the 2 x num_layers sublayers that are skipped."""
-        return (len(self.attn) + len(self.mlp)) / (2 * num_layers)
-
-    def as_dict(self) -> dict:
-        return {"attn": list(self.attn), "mlp": list(self.mlp)}
-
-
-def make_skip_set(attn, mlp, num_layers: int) -> SkipSet:
-    """Validate layer ids (integers in [0, num_layers), no duplicates, not everything) into a SkipSet."""
-    checked = {}
-    for kind, ids in (("attn", attn), ("mlp", mlp)):
-        ids = list(ids or [])
-        for i in ids:
-            if isinstance(i, bool) or not isinstance(i, int):
-                raise SelfspecError(f"{kind}: layer id {i!r} is not an integer; allowed: 0..{num_layers - 1}")
-            if not 0 <= i < num_layers:
-                raise SelfspecError(f"{kind}: layer id {i} is out of range; allowed: 0..{num_layers - 1}")
-        duplicates = sorted({i for i in ids if ids.count(i) > 1})
-        if duplicates:
-            raise SelfspecError(f"{kind}: layer ids {duplicates} appear more than once")
-        checked[kind] = tuple(sorted(ids))
-    if len(checked["attn"]) == len(checked["mlp"]) == num_layers:
-        raise SelfspecError(f"skip set skips all {2 * num_layers} sublayers; keep at least one")
-    return SkipSet(**checked)
+from selfspec.settings import SkipSet
 
 
 SUPPORTED_FAMILIES = "Llama, Gemma-2, Gemma-3 (text) and others laid out as model.model.layers[i].self_attn / .mlp"

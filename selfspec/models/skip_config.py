@@ -7,8 +7,7 @@ from pathlib import Path
 import yaml
 
 from selfspec.errors import SelfspecError
-from selfspec.models.skip import SkipSet, make_skip_set
-from selfspec.settings import SkipSettings
+from selfspec.settings import SkipSet, SkipSettings, make_skip_set
 
 
 def resolve_skip(skip: SkipSettings, num_layers: int) -> tuple[SkipSet, int | None]:

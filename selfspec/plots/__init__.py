@@ -1,5 +1,5 @@
-"""Paper-style figures from typed run records: each function takes records (`selfspec.records.PromptRecord`),
-runs (`selfspec.runs.Run`), search trials (`selfspec.runs.Trial`) or a skip set, and returns a matplotlib Figure.
+"""Paper-style figures from typed run records: each function takes records (`selfspec.records.prompt_records.PromptRecord`),
+runs (`selfspec.records.runs.Run`), search trials (`selfspec.records.runs.Trial`) or a skip set, and returns a matplotlib Figure.
 
 Figures are built without pyplot (no global figure state, any backend); `fig.savefig("x.png")` renders with
 Agg. Every figure names the model and the date of its records in its title when given them. Input with nothing

@@ -9,7 +9,7 @@ import matplotlib
 from matplotlib.figure import Figure
 
 from selfspec.errors import SelfspecError
-from selfspec.records import PromptRecord, summarize
+from selfspec.records.prompt_records import PromptRecord, summarize
 
 STYLE = {
     "font.size": 9, "axes.titlesize": 9.5, "axes.labelsize": 9, "legend.fontsize": 8, "xtick.labelsize": 8,

@@ -8,8 +8,8 @@ from matplotlib.figure import Figure
 from selfspec.errors import SelfspecError
 from selfspec.plots.common import (COLORS, METRIC_PANELS, METRICS, bars_with_prompts, figure_legend, metric_axes,
                                    new_figure, nonempty, of_strategy, set_title, strategy_summary, styled, subplots)
-from selfspec.records import PromptRecord, summarize
-from selfspec.runs import Run
+from selfspec.records.prompt_records import PromptRecord, summarize
+from selfspec.records.runs import Run
 
 
 @styled

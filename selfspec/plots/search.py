@@ -9,9 +9,9 @@ from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator, PercentFormatter
 
 from selfspec.errors import SelfspecError
-from selfspec.models.skip import SkipSet
 from selfspec.plots.common import COLORS, figure_legend, new_figure, nonempty, set_title, styled, subplots
-from selfspec.runs import Trial
+from selfspec.records.runs import Trial
+from selfspec.settings import SkipSet
 
 OBJECTIVE_LABELS = {
     "tokens_per_s": "decode speed (tokens/s)",

@@ -8,7 +8,7 @@ from matplotlib.ticker import MaxNLocator
 
 from selfspec.errors import SelfspecError
 from selfspec.plots.common import COLORS, figure_legend, new_figure, nonempty, of_strategy, set_title, styled, subplots
-from selfspec.records import PromptRecord
+from selfspec.records.prompt_records import PromptRecord
 
 
 @styled

@@ -9,7 +9,7 @@ from matplotlib.ticker import PercentFormatter
 from selfspec.errors import SelfspecError
 from selfspec.plots.common import (COLORS, METRIC_PANELS, SPREAD_NOTE, figure_legend, metric_axes, metric_points,
                                    new_figure, nonempty, of_strategy, set_title, styled, subplots)
-from selfspec.runs import Run
+from selfspec.records.runs import Run
 
 POLICY_LABELS = {"threshold": "fixed threshold", "adaptive": "adaptive (x: initial threshold)"}
 

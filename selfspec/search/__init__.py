@@ -10,7 +10,7 @@ the search prompts self-speculatively with that skip set, and scores it:
   best_skip.yaml gets the Pareto-front trial with the highest expected speedup (cost_model.expected_speedup:
   draft forwards cost (1 - skipped_fraction) of a full forward, a verification one full forward);
 - `cost_model`: the speedup over plain decoding that this machine's measured step costs predict for the
-  trial's draft/verify trace (selfspec/cost_model.py): no timing noise, and it prices what a CPU charges for
+  trial's draft/verify trace (selfspec/decoding/costs.py): no timing noise, and it prices what a CPU charges for
   long verifications and for the output layer.
 
 With `search.early_exit` a trial also drops a contiguous top block of layers (`exit_layer`), and with
@@ -28,17 +28,17 @@ from pathlib import Path
 
 from optuna.trial import FrozenTrial
 
-from selfspec.data import Prompt, encode_prompt, load_prompt_set
+from selfspec.data.prompt_sets import Prompt, encode_prompt, load_prompt_set
 from selfspec.errors import SelfspecError
 from selfspec.models.loading import LoadedModel
-from selfspec.models.skip import SkipSet, num_layers
+from selfspec.models.skip import num_layers
 from selfspec.models.skip_config import resolve_skip, write_skip_file
 from selfspec.search.objective import TrialObjective, choose_best
 from selfspec.search.space import Candidate, SearchSpace, make_candidate, search_space, seed_candidates
 from selfspec.search.study import (FINISHED, fail_dead_trials, make_pruner, make_sampler, open_storage, open_study,
                                    quiet_optuna)
 from selfspec.search.trial_log import TrialLog, run_trials
-from selfspec.settings import DataSettings, RunSettings, SearchSettings, SkipSettings
+from selfspec.settings import DataSettings, RunSettings, SearchSettings, SkipSet, SkipSettings
 
 
 def search_skip_set(settings: RunSettings, loaded: LoadedModel, out_dir: Path) -> Candidate:

@@ -8,20 +8,19 @@ import optuna
 import torch
 from optuna.trial import FrozenTrial, TrialState
 
-from selfspec.cost_model import StepCosts, expected_speedup, measure_step_costs
+from selfspec.data.prompt_sets import calibration_texts
+from selfspec.decoding.costs import StepCosts, expected_speedup, measure_step_costs
 from selfspec.decoding.draft_exit import make_exit_policy
 from selfspec.decoding.drafters import SelfDrafter
 from selfspec.decoding.results import GenerationResult
-from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import output_device
 from selfspec.models.draft_head import DraftHead, make_draft_head
 from selfspec.models.loading import LoadedModel
-from selfspec.models.skip import SkipSet
 from selfspec.search.space import Candidate, SearchSpace, make_candidate
 from selfspec.search.study import FINISHED, WORKER
-from selfspec.settings import DraftSettings
+from selfspec.settings import DraftSettings, SamplingSettings, SkipSet
 
 
 def prompt_counts(result: GenerationResult) -> dict:
@@ -114,7 +113,8 @@ class TrialObjective:
     def prepared(cls, loaded: LoadedModel, prompt_ids: list[list[int]], settings: SamplingSettings,
                  draft: DraftSettings, seed: int, space: SearchSpace, objective: str) -> "TrialObjective":
         """Build the draft heads, warm up, measure the step costs (objective cost_model) and plain decoding."""
-        heads = {n: make_draft_head(loaded.model, loaded.tokenizer, n) for n in space.vocab_sizes if n}
+        texts = calibration_texts()
+        heads = {n: make_draft_head(loaded.model, loaded.tokenizer, n, texts) for n in space.vocab_sizes if n}
         warm_up(loaded, prompt_ids[0], settings, draft, space)
         costs = None
         if objective == "cost_model":

@@ -7,8 +7,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from selfspec.errors import SelfspecError
-from selfspec.models.skip import SkipSet
-from selfspec.settings import SearchSettings
+from selfspec.settings import SearchSettings, SkipSet
 
 
 @dataclass(frozen=True)

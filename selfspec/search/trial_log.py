@@ -10,10 +10,10 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from tqdm import tqdm
 
+from selfspec.records.wandb_logger import log_files, start_run
 from selfspec.search.objective import TrialObjective, choose_best
 from selfspec.search.study import FINISHED
 from selfspec.settings import RunSettings
-from selfspec.wandb_logger import log_files, start_run
 
 
 def run_trials(study, objective: TrialObjective, n_trials: int, missing: int, log: "TrialLog") -> None:

@@ -16,7 +16,7 @@ def serve(settings: RunSettings, out_dir: Path) -> None:
     except ImportError as missing:
         raise SelfspecError(f"task=serve needs the serve extra ({missing.name} is missing): "
                             f"pip install -e '.[serve]'") from None
-    from selfspec.decoder import STRATEGIES, SelfSpeculativeDecoder
+    from selfspec.api.decoder import STRATEGIES, SelfSpeculativeDecoder
     from selfspec.models.loading import load_model
 
     if settings.serve.strategy not in STRATEGIES:

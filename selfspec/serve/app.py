@@ -17,12 +17,11 @@ from starlette.background import BackgroundTask
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
 from starlette.exceptions import HTTPException
 
-from selfspec.decoder import SelfSpeculativeDecoder
-from selfspec.decoding.sampling import SamplingSettings
+from selfspec.api.decoder import SelfSpeculativeDecoder
 from selfspec.errors import SelfspecError
 from selfspec.serve.queue import QueueFull, RequestQueue, Ticket
 from selfspec.serve.schemas import ChatCompletionRequest, CompletionRequest, Reply, Request as Body, error
-from selfspec.settings import ServeSettings
+from selfspec.settings import SamplingSettings, ServeSettings
 
 PAGE = Path(__file__).parent / "static" / "index.html"
 

@@ -8,7 +8,7 @@ from typing import Literal
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from selfspec.streaming import Chunk, DecodingStats
+from selfspec.api.streaming import Chunk, DecodingStats
 
 
 class Request(BaseModel):

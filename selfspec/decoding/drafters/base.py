@@ -13,8 +13,9 @@ import torch
 from transformers import LogitsProcessorList
 
 from selfspec.decoding.draft_exit import DraftExit
-from selfspec.decoding.sampling import SamplingSettings, logits_processor, sample, scores
+from selfspec.decoding.sampling import logits_processor, sample, scores
 from selfspec.models.cache import RewindableCache
+from selfspec.settings import SamplingSettings
 from selfspec.timing import clock
 
 

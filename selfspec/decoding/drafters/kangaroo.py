@@ -18,7 +18,8 @@ from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.drafters.base import Draft, ExitPolicyDrafter, GenerationContext
 from selfspec.models.cache import RewindableCache, forward_hidden
 from selfspec.models.output_layer import model_logits
-from selfspec.models.skip import decoder_layers, make_skip_set, num_layers, skipping
+from selfspec.models.skip import decoder_layers, num_layers, skipping
+from selfspec.settings import make_skip_set
 
 
 class KangarooDrafter(ExitPolicyDrafter):

@@ -4,7 +4,8 @@ from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.drafters.base import Draft, ExitPolicyDrafter
 from selfspec.models.cache import forward, forward_hidden
 from selfspec.models.draft_head import DraftHead
-from selfspec.models.skip import SkipSet, skipping
+from selfspec.models.skip import skipping
+from selfspec.settings import SkipSet
 
 
 class SelfDrafter(ExitPolicyDrafter):

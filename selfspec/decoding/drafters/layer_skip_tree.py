@@ -8,7 +8,8 @@ from selfspec.decoding.drafters.layer_skip import SelfDrafter
 from selfspec.decoding.sampling import sample, scores
 from selfspec.errors import SelfspecError
 from selfspec.models.draft_head import DraftHead
-from selfspec.models.skip import SkipSet, skipping
+from selfspec.models.skip import skipping
+from selfspec.settings import SkipSet
 from selfspec.timing import clock
 
 

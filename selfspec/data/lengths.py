@@ -5,8 +5,8 @@ without a word, so neither happens silently."""
 import sys
 from dataclasses import dataclass
 
+from selfspec.data.formats import Prompt
 from selfspec.errors import SelfspecError
-from selfspec.prompt_formats import Prompt
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,12 @@ from typing import TypeVar
 import torch
 from tqdm import tqdm
 
-from selfspec.conversation import encode_turn
-from selfspec.data import Prompt
+from selfspec.data.conversation import encode_turn
+from selfspec.data.prompt_sets import Prompt
 from selfspec.decoding.drafters import HybridDrafter
 from selfspec.decoding.strategies import Strategy
 from selfspec.models.devices import output_device
-from selfspec.records import PromptRecord, append_record, first_difference, read_records, summarize
+from selfspec.records.prompt_records import PromptRecord, append_record, first_difference, read_records, summarize
 
 T = TypeVar("T")
 

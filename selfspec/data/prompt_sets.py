@@ -7,9 +7,9 @@ prompt_formats.py. A prompt keeps all of its user turns; generation encodes the 
 from collections.abc import Mapping
 from pathlib import Path
 
+from selfspec.data.formats import FORMATS, Prompt, detect_format, parse_json, record_prompt, short
 from selfspec.errors import SelfspecError
-from selfspec.prompt_formats import FORMAT_NAMES, FORMATS, Prompt, detect_format, parse_json, record_prompt, short
-from selfspec.settings import DataSettings
+from selfspec.settings import FORMAT_NAMES, DataSettings
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"  # package data: chat.jsonl, summarize.jsonl
 SHIPPED_SETS = ("chat", "summarize")
@@ -155,3 +155,9 @@ def as_token_ids(encoded) -> list[int]:
         encoded = encoded["input_ids"]
     return [int(token_id) for token_id in encoded]
 
+
+def calibration_texts() -> list[str]:
+    """The calibration half of each shipped prompt set (with HumanEval's solutions), so the draft vocabulary is not
+    fitted on the evaluation half that `make bench` reports on."""
+    sets = [split_prompts(load_prompts(name), "calibration") for name in ("humaneval", "chat", "summarize")]
+    return [p.turns[0] + (p.reference or "") for prompts in sets for p in prompts]

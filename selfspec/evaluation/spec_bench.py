@@ -12,10 +12,10 @@ import time
 import uuid
 from pathlib import Path
 
-from selfspec.conversation import answer_text
+from selfspec.data.conversation import answer_text
 from selfspec.errors import SelfspecError
-from selfspec.records import PromptRecord
-from selfspec.run_dir import write_file
+from selfspec.records.prompt_records import PromptRecord
+from selfspec.records.run_dir import write_file
 
 
 def answer_rows(records: list[PromptRecord], tokenizer, model_id: str) -> dict[str, list[dict]]:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from selfspec.decoding.results import RecordedStep, StepRecord
 from selfspec.errors import SelfspecError
-from selfspec.run_dir import append_line, is_torn
+from selfspec.records.run_dir import append_line, is_torn
 
 T = typing.TypeVar("T")
 

@@ -23,8 +23,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from selfspec.data import Prompt, encode_prompt, load_prompt_set, load_prompts, split_prompts
-from selfspec.decoding.sampling import SamplingSettings
+from selfspec.data.prompt_sets import Prompt, encode_prompt, load_prompt_set, load_prompts, split_prompts
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import input_device
@@ -33,8 +32,8 @@ from selfspec.models.kangaroo_adapter import (adapter_device, check_exit_layer, 
 from selfspec.models.loading import load_model
 from selfspec.models.output_layer import model_logits
 from selfspec.models.skip import num_layers
-from selfspec.settings import DataSettings, RunSettings, TrainSettings
-from selfspec.wandb_logger import log_files, start_run
+from selfspec.records.wandb_logger import log_files, start_run
+from selfspec.settings import DataSettings, RunSettings, SamplingSettings, TrainSettings
 
 
 @dataclass

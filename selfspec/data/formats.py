@@ -97,7 +97,6 @@ FORMATS = {f.name: f for f in (  # detection order: the first whose fields a rec
                  "humaneval", chat=False),
     PromptFormat("prompt", ("prompt",), _field_turns("prompt"), "id", None, DEFAULT_CATEGORY),
 )}
-FORMAT_NAMES = ("auto", *FORMATS)
 
 
 def detect_format(record) -> PromptFormat:

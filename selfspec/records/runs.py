@@ -13,13 +13,12 @@ from pathlib import Path
 
 import yaml
 
-from selfspec.decoding.draft_exit import default_threshold
 from selfspec.errors import SelfspecError
-from selfspec.models.skip import SkipSet, make_skip_set
-from selfspec.records import PromptRecord, read_jsonl, read_records
+from selfspec.records.prompt_records import PromptRecord, read_jsonl, read_records
+from selfspec.settings import SkipSet, default_threshold, make_skip_set
 
 EXPERIMENTS = ("threshold_sweep", "adaptive_trace", "skip_ratio", "search_history", "strategies", "sampling")
-REPOSITORY = Path(__file__).resolve().parents[1]
+REPOSITORY = Path(__file__).resolve().parents[2]
 SAMPLE_RECORDS = REPOSITORY / "notebooks" / "sample_records"  # laid out like outputs/: experiments/<name>/<date_time>
 _DATE = re.compile(r"(\d{4}-\d{2}-\d{2})(?:[_T ](\d{2})[-:](\d{2}))?")
 
@@ -128,7 +127,7 @@ def sampling_label(config: dict) -> str:
 
 def run_from_config(records: list[PromptRecord], config: dict, path: Path | None = None) -> Run:
     """A Run of `records` with the settings of its resolved Hydra config; a null draft threshold is the policy's
-    default (draft_exit.default_threshold)."""
+    default (settings.default_threshold)."""
     draft = config.get("draft") or {}
     greedy = not (config.get("sampling") or {}).get("temperature")
     threshold = draft.get("threshold")

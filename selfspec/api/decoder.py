@@ -16,18 +16,17 @@ from pathlib import Path
 
 import torch
 
-from selfspec.data import as_token_ids
+from selfspec.api.streaming import Chunk, DecodingStats, stream_chunks
+from selfspec.data.prompt_sets import as_token_ids, calibration_texts
 from selfspec.decoding.hf_baselines import HF_STRATEGIES
-from selfspec.decoding.sampling import SamplingSettings
 from selfspec.decoding.strategies import NAMES, Strategy, make_strategy
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import output_device
-from selfspec.models.draft_head import make_draft_head
+from selfspec.models.draft_head import DraftHead, make_draft_head
 from selfspec.models.loading import model_end_ids
-from selfspec.models.skip import SkipSet, num_layers
+from selfspec.models.skip import num_layers
 from selfspec.models.skip_config import resolve_skip
-from selfspec.settings import DraftSettings, KangarooSettings, SkipSettings, named
-from selfspec.streaming import Chunk, DecodingStats, stream_chunks
+from selfspec.settings import DraftSettings, KangarooSettings, SamplingSettings, SkipSet, SkipSettings, named
 
 # The config's defaults (conf/draft/adaptive.yaml and the draft block of conf/config.yaml), for callers without one.
 DEFAULT_DRAFT = DraftSettings(policy="adaptive", max_tokens=12, beta1=0.5, target_acceptance=0.9, epsilon=0.01,
@@ -63,7 +62,9 @@ class SelfSpeculativeDecoder:
         draft = draft or DEFAULT_DRAFT
         layers = num_layers(model)
         skip_set, file_vocab = _skip_set(skip, layers, "skip")
-        heads = partial(make_draft_head, model, tokenizer)
+        def heads(size: int) -> DraftHead:
+            return make_draft_head(model, tokenizer, size, calibration_texts())
+
         vocab = draft.vocab_size or file_vocab
         searched_draft = None
         if searched is not None:

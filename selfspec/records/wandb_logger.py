@@ -7,7 +7,7 @@ Offline by default (no network; `wandb sync <dir>/wandb/offline-run-*` uploads l
 import re
 from pathlib import Path
 
-from selfspec.records import PromptRecord
+from selfspec.records.prompt_records import PromptRecord
 from selfspec.settings import LoggerSettings
 
 

@@ -1,4 +1,4 @@
-"""Every experiment behind the figures, at one scale, in one command: `python -m selfspec.reproduce --scale
+"""Every experiment behind the figures, at one scale, in one command: `python -m selfspec.plots.reproduce --scale
 smoke|paper [override ...]` (make reproduce SCALE=...; `make figures` then draws them).
 
 Each experiment runs as `python run.py [-m] experiment=NAME <scale's overrides> <extra overrides>` into
@@ -16,7 +16,7 @@ from datetime import datetime
 from pathlib import Path
 
 from selfspec.errors import SelfspecError
-from selfspec.runs import EXPERIMENTS, REPOSITORY
+from selfspec.records.runs import EXPERIMENTS, REPOSITORY
 from selfspec.timing import clock
 
 MARKER = "reproduce.json"
@@ -116,7 +116,7 @@ def reproduce(scale: str, outputs: Path, experiments: list[Experiment], run=subp
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m selfspec.reproduce", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m selfspec.plots.reproduce", description=__doc__.splitlines()[0])
     parser.add_argument("--scale", default="smoke", help=f"one of {', '.join(PLANS)} (default: smoke)")
     parser.add_argument("--outputs", type=Path, default=REPOSITORY / "outputs", help="default: <repository>/outputs")
     parser.add_argument("overrides", nargs="*", help="run.py overrides added to every experiment, e.g. model=...")

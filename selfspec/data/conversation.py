@@ -1,7 +1,7 @@
 """Multi-turn prompts as Spec-Bench evaluates them (data.turns=all): turn i is asked after every earlier user turn
 and the decoding strategy's own answer to it, through the tokenizer's chat template."""
 
-from selfspec.data import Prompt, as_token_ids
+from selfspec.data.prompt_sets import Prompt, as_token_ids
 from selfspec.errors import SelfspecError
 
 

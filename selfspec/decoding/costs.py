@@ -20,7 +20,8 @@ from selfspec.models.cache import forward, forward_hidden, new_cache
 from selfspec.models.devices import execution_device, output_device
 from selfspec.models.draft_head import DraftHead
 from selfspec.models.output_layer import model_logits
-from selfspec.models.skip import SkipSet, decoder_layers, skipping
+from selfspec.models.skip import decoder_layers, skipping
+from selfspec.settings import SkipSet
 from selfspec.timing import clock
 
 CONTEXT, REPEATS = 200, 15

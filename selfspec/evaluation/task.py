@@ -6,21 +6,21 @@ from pathlib import Path
 
 import torch
 
-from selfspec.conversation import check_multi_turn
-from selfspec.data import encode_prompt, load_prompt_set
+from selfspec.data.conversation import check_multi_turn
+from selfspec.data.lengths import context_room, fit_prompts, with_truncated_count
+from selfspec.data.prompt_sets import calibration_texts, encode_prompt, load_prompt_set
 from selfspec.decoding.strategies import cost_meter, make_strategy
-from selfspec.evaluate import evaluate
+from selfspec.evaluation.evaluate import evaluate
+from selfspec.evaluation.spec_bench import write_answers
+from selfspec.evaluation.summarize import summary_title, write_summary
 from selfspec.models.draft_head import DraftHead, make_draft_head
 from selfspec.models.loading import LoadedModel, load_model
-from selfspec.models.skip import SkipSet, num_layers
+from selfspec.models.skip import num_layers
 from selfspec.models.skip_config import resolve_skip
-from selfspec.prompt_length import context_room, fit_prompts, with_truncated_count
-from selfspec.records import WrittenRecord, read_records
-from selfspec.run_dir import RECORDS_FILE, SETTINGS_FILE, open_run_dir
-from selfspec.settings import DataSettings, RunSettings, named
-from selfspec.spec_bench import write_answers
-from selfspec.summarize import summary_title, write_summary
-from selfspec.wandb_logger import log_files, make_logger
+from selfspec.records.prompt_records import WrittenRecord, read_records
+from selfspec.records.run_dir import RECORDS_FILE, SETTINGS_FILE, open_run_dir
+from selfspec.records.wandb_logger import log_files, make_logger
+from selfspec.settings import DataSettings, RunSettings, SkipSet, named
 
 
 def run(settings: RunSettings, out_dir: Path) -> dict:
@@ -101,7 +101,8 @@ class DraftHeads:
 
     def __call__(self, size: int | None) -> DraftHead | None:
         if size and size not in self.heads:
-            self.heads[size] = make_draft_head(self.loaded.model, self.loaded.tokenizer, size)
+            self.heads[size] = make_draft_head(self.loaded.model, self.loaded.tokenizer, size,
+                                              calibration_texts())
         return self.heads.get(size)
 
 

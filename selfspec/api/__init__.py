@@ -1,0 +1,1 @@
+"""The Python API: `SelfSpeculativeDecoder` (decoder.py) and its streamed chunks (streaming.py)."""

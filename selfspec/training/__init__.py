@@ -1,0 +1,1 @@
+"""Training the small trained drafts: the Kangaroo adapter (kangaroo.py)."""
