@@ -313,7 +313,7 @@ def test_smollm2_streamed_greedy_reply_equals_run_py_plain_greedy_output(tmp_pat
                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     record = json.loads((tmp_path / "run" / "records.jsonl").read_text().splitlines()[0])
-    prompt = json.loads((ROOT / "selfspec" / "prompts" / "chat.jsonl").read_text().splitlines()[0])["turns"][0]
+    prompt = json.loads((ROOT / "selfspec" / "data" / "prompts" / "chat.jsonl").read_text().splitlines()[0])["turns"][0]
     (tmp_path / "serve").mkdir()
     with server(tmp_path / "serve", "logger=none") as url, httpx.Client() as client:
         events = stream_events(client, url, {"model": "smollm2", "messages": chat(prompt), "max_tokens": 32,
