@@ -20,7 +20,8 @@ from selfspec.models.skip import decoder_layers
 from selfspec.models.tiny import tiny_model
 from selfspec.settings import SamplingSettings
 from selfspec.training.kangaroo import TrainSettings, collect, train_adapter
-from test_decoding import chi_square_pvalue, exact_pair_distribution
+
+from helpers import chi_square_pvalue, exact_pair_distribution
 
 ROOT = Path(__file__).resolve().parents[1]
 GREEDY = SamplingSettings(max_new_tokens=60)

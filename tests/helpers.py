@@ -1,0 +1,69 @@
+"""Helpers shared by the test modules (plain functions and constants; shared fixtures live in conftest.py)."""
+
+import torch
+from scipy.stats import chisquare
+
+from selfspec.decoding.sampling import logits_processor, scores
+from selfspec.models.cache import forward, new_cache
+from selfspec.settings import ModelSettings, typed
+
+TINY_MODEL = dict(family="llama", num_layers=3, hidden_size=32, sliding_window=8, seed=0)
+
+
+def cfg(source="tiny", **overrides) -> ModelSettings:
+    """Model settings for load_model: a 3-layer tiny Llama in float32 on the CPU unless `overrides` say otherwise."""
+    return typed(ModelSettings, dict(name="m", source=source, path=None, dtype="float32", device="cpu",
+                                     cache_dir="~/.cache/selfspec", **TINY_MODEL) | overrides, "model")
+
+
+def hf_greedy(model, prompt, n, eos=None):
+    """The next `n` tokens of transformers' own greedy `generate` after `prompt`."""
+    # pass the attention mask: without it transformers guesses padding from pad == eos ids inside the prompt
+    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                         max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def assert_cache_holds(model, cache, kept: list[int]) -> None:
+    """`cache` holds exactly `kept`: its length, and the keys and values a fresh forward over them writes.
+    Eager attention (Gemma-2) takes its softmax in float32, so keys masked out in one forward and absent in the
+    other change a sum's order (~1e-7); sdpa (Llama, Gemma-3) stays in float64 and matches to rounding."""
+    tolerance = dict(rtol=1e-5, atol=1e-5) if model.config._attn_implementation == "eager" else {}
+    fresh = new_cache(model, len(kept) + 1)
+    forward(model, fresh, kept, 0)
+    for mine, ref in zip(cache.layers, fresh.layers):
+        assert int(mine.get_seq_length()) == len(kept)
+        torch.testing.assert_close(mine.keys[:, :, :len(kept)], ref.keys, **tolerance)
+        torch.testing.assert_close(mine.values[:, :, :len(kept)], ref.values, **tolerance)
+
+
+def exact_pair_distribution(model, prompt, settings):
+    """P(new tokens 2 and 3) computed from the full model: sum over t1 of p(t1) p(t2|t1) p(t3|t1,t2)."""
+    processor = logits_processor(settings)
+
+    def dist(context):
+        logits = forward(model, new_cache(model, 64), context, 0, last_only=True)
+        return torch.softmax(scores(logits, context, len(context), processor)[0], dim=-1)
+
+    pairs = {}
+    p1 = dist(prompt)
+    for t1 in p1.nonzero().flatten().tolist():
+        p2 = dist(prompt + [t1])
+        for t2 in p2.nonzero().flatten().tolist():
+            p3 = dist(prompt + [t1, t2])
+            for t3 in p3.nonzero().flatten().tolist():
+                pairs[(t2, t3)] = pairs.get((t2, t3), 0.0) + float(p1[t1] * p2[t2] * p3[t3])
+    return pairs
+
+
+def chi_square_pvalue(counts: dict, exact: dict) -> float:
+    """Goodness of fit of observed counts to exact probabilities; cells expecting < 5 are pooled."""
+    n = sum(counts.values())
+    big = [k for k in exact if exact[k] * n >= 5]
+    observed = [counts.get(k, 0) for k in big]
+    expected = [exact[k] * n for k in big]
+    rest = n - sum(observed), n - sum(expected)
+    if rest[1] >= 5:
+        observed.append(rest[0])
+        expected.append(rest[1])
+    return chisquare(observed, [e * sum(observed) / sum(expected) for e in expected]).pvalue
