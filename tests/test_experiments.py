@@ -12,6 +12,8 @@ from selfspec.plots import figures as figs
 from selfspec.records import runs as runs_
 from selfspec.settings import make_skip_set
 
+from helpers import FIGURES
+
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 sys.path.insert(0, str(ROOT / "experiments"))
@@ -19,14 +21,6 @@ from random_skip_sets import random_skip_sets, skip_sets_yaml  # noqa: E402
 from sample_records import TEST_RUNS, run_experiments, slim  # noqa: E402
 
 SWEEPS = {"threshold_sweep", "skip_ratio", "sampling"}
-FIGURES = {
-    "threshold_sweep": ["threshold_sweep"],
-    "adaptive_trace": ["adaptive_trace", "adaptive_accepted"],
-    "skip_ratio": ["skip_ratio"],
-    "search_history": ["search_history", "search_pareto", "search_skip_mask"],
-    "strategies": ["strategies_speedup", "strategies_accepted"],
-    "sampling": ["sampling"],
-}
 
 
 def tiny_outputs(tmp_path_factory) -> Path:
