@@ -1,5 +1,9 @@
 """Helpers shared by the test modules (plain functions and constants; shared fixtures live in conftest.py)."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 from scipy.stats import chisquare
 
@@ -8,7 +12,18 @@ from selfspec.models.cache import forward, new_cache
 from selfspec.records.prompt_records import PromptRecord, RecordedStep
 from selfspec.settings import ModelSettings, typed
 
+ROOT = Path(__file__).resolve().parents[1]
 TINY_MODEL = dict(family="llama", num_layers=3, hidden_size=32, sliding_window=8, seed=0)
+
+
+def run_py(*overrides, out_dir=None, wait=True, timeout=600, **popen_kwargs):
+    """`python run.py <overrides>` from the repository root: the CompletedProcess, or with wait=False the Popen."""
+    # out_dir adds hydra.run.dir=out_dir; stdout and stderr come back as text unless popen_kwargs send them elsewhere
+    command = [sys.executable, "run.py", *overrides, *([f"hydra.run.dir={out_dir}"] if out_dir is not None else [])]
+    options = dict(cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) | popen_kwargs
+    if not wait:
+        return subprocess.Popen(command, **options)
+    return subprocess.run(command, timeout=timeout, **options)
 
 
 def cfg(source="tiny", **overrides) -> ModelSettings:
