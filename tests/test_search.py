@@ -33,20 +33,14 @@ from selfspec.settings import DataSettings, SkipSet, from_config
 
 from helpers import run_py
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread for every test here
+
 ROOT = Path(__file__).resolve().parents[1]
 # Small and fast: 1 evaluation prompt x 8 tokens after the search; 4 search prompts (chat 1..4) x 12 tokens.
 TINY = ["search=optuna", "logger=none", "data=chat", "data.limit=1", "sampling.max_new_tokens=8", "warmup=false",
         "search.data.limit=4", "search.max_new_tokens=12"]
 # One torch thread: on a shared 2-core machine two threads wait on each other for every small matmul.
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def config(*overrides):
