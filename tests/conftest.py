@@ -8,9 +8,11 @@ from hydra import compose, initialize_config_dir
 from selfspec.models.tiny import byte_tokenizer, tiny_model
 from selfspec.settings import RunSettings, from_config
 
-CONF = Path(__file__).resolve().parents[1] / "conf"
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
 
-sys.path.insert(0, str(Path(__file__).parent))  # test helpers (wandb_history)
+sys.path.insert(0, str(Path(__file__).parent))  # test helpers (helpers, wandb_history)
+sys.path.insert(0, str(ROOT / "experiments"))  # experiment scripts (sample_records, random_skip_sets)
 torch.set_num_threads(2)
 
 
@@ -43,3 +45,13 @@ def tiny(request):
 @pytest.fixture
 def prompt(tokenizer):
     return tokenizer("def fibonacci(n):\n    ").input_ids
+
+
+@pytest.fixture(scope="session")
+def tiny_outputs(tmp_path_factory) -> Path:
+    """Every experiment run once on the tiny Llama (sample_records.TEST_RUNS), shared by the test modules."""
+    from sample_records import TEST_RUNS, run_experiments  # imported only by the tests that need the runs
+
+    outputs = tmp_path_factory.getbasetemp() / "tiny_outputs"
+    run_experiments(outputs, TEST_RUNS, jobs=2)
+    return outputs

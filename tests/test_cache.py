@@ -11,7 +11,7 @@ from selfspec.models.tiny import tiny_model
 from selfspec.settings import SamplingSettings, SkipSet
 
 from conftest import run_settings
-from test_decoding import assert_cache_holds, hf_greedy
+from helpers import assert_cache_holds, hf_greedy
 
 WINDOW = 8  # shorter than every prompt here
 pytestmark = pytest.mark.usefixtures("one_thread")

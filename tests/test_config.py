@@ -1,12 +1,12 @@
 """Every option of every config group composes, and bad values end with a one-line message."""
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+
+from helpers import run_py
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -36,11 +36,6 @@ def test_each_model_brings_its_own_skip_set():
         assert compose_with([f"model={model}"]).skip == compose_with([f"skip={model}"]).skip
 
 
-def run_py(*overrides):
-    return subprocess.run([sys.executable, "run.py", *overrides], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("overrides,message", [
     (["draft=threshold", "draft.threshold=1.5"], "draft.threshold=1.5 is outside [0, 1]"),
@@ -58,7 +53,8 @@ def test_bad_values_end_with_one_clear_line(tmp_path, overrides, message):
     broken = tmp_path / "broken.yaml"
     broken.write_text("attn: [1, 2\nmlp: ]\n")
     overrides = [o.format(broken=broken) for o in overrides]
-    result = run_py("model=tiny_llama", "logger=none", "data.limit=1", f"hydra.run.dir={tmp_path}", *overrides)
+    result = run_py("model=tiny_llama", "logger=none", "data.limit=1", f"hydra.run.dir={tmp_path}", *overrides,
+                    timeout=300)
     assert result.returncode != 0
     (line,) = result.stderr.strip().splitlines()[-1:]
     assert line.startswith("selfspec: error: ") and message.format(broken=broken) in line, result.stderr
@@ -66,6 +62,6 @@ def test_bad_values_end_with_one_clear_line(tmp_path, overrides, message):
 
 
 def test_unknown_group_option_lists_the_allowed_ones(tmp_path):
-    result = run_py("model=gpt5", f"hydra.run.dir={tmp_path}")
+    result = run_py("model=gpt5", f"hydra.run.dir={tmp_path}", timeout=300)
     assert result.returncode != 0 and "Could not find 'model/gpt5'" in result.stderr
     assert "smollm2" in result.stderr and "Traceback" not in result.stderr

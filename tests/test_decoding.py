@@ -6,14 +6,13 @@ import random
 import pytest
 import torch
 from conftest import run_settings
-from scipy.stats import chisquare
+from helpers import assert_cache_holds, chi_square_pvalue, exact_pair_distribution, hf_greedy
 
 from selfspec.data.prompt_sets import calibration_texts
 from selfspec.decoding.costs import CostMeter, DraftCosts
 from selfspec.decoding.draft_exit import AdaptiveExit, CostAwareExit, DraftExit, ThresholdExit
 from selfspec.decoding.drafters import (GenerationContext, HybridDrafter, ModelDrafter, NgramDrafter, SelfDrafter,
                                         ngram_continuation)
-from selfspec.decoding.sampling import logits_processor
 from selfspec.decoding.speculative import generate, prefill, speculative_step
 from selfspec.decoding.strategies import make_strategy
 from selfspec.errors import SelfspecError
@@ -22,13 +21,6 @@ from selfspec.models.tiny import tiny_model
 from selfspec.settings import SamplingSettings, make_skip_set
 
 GREEDY = SamplingSettings(max_new_tokens=60)
-
-
-def hf_greedy(model, prompt, n, eos=None):
-    # pass the attention mask: without it transformers guesses padding from pad == eos ids inside the prompt
-    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                         max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
 
 
 def random_setup(rng, layers=6):
@@ -111,19 +103,6 @@ def test_cache_holds_exactly_the_kept_tokens_after_every_step(tiny, prompt):
         new, step = speculative_step(tiny, context, tokens, 40 - (len(tokens) - len(prompt)), drafter)
         tokens += new
         assert_cache_holds(tiny, cache, tokens[:-1])  # the last token is fed by the next step
-
-
-def assert_cache_holds(model, cache, kept: list[int]) -> None:
-    """`cache` holds exactly `kept`: its length, and the keys and values a fresh forward over them writes.
-    Eager attention (Gemma-2) takes its softmax in float32, so keys masked out in one forward and absent in the
-    other change a sum's order (~1e-7); sdpa (Llama, Gemma-3) stays in float64 and matches to rounding."""
-    tolerance = dict(rtol=1e-5, atol=1e-5) if model.config._attn_implementation == "eager" else {}
-    fresh = new_cache(model, len(kept) + 1)
-    forward(model, fresh, kept, 0)
-    for mine, ref in zip(cache.layers, fresh.layers):
-        assert int(mine.get_seq_length()) == len(kept)
-        torch.testing.assert_close(mine.keys[:, :, :len(kept)], ref.keys, **tolerance)
-        torch.testing.assert_close(mine.values[:, :, :len(kept)], ref.values, **tolerance)
 
 
 def test_forward_logits_equal_the_models_own_head(tiny, prompt):
@@ -243,39 +222,6 @@ def perturbed_copy(model):
         other.lm_head.weight.add_(0.5 * torch.randn(other.lm_head.weight.shape, generator=torch.Generator().manual_seed(1),
                                                      dtype=torch.float64))
     return other
-
-
-def exact_pair_distribution(model, prompt, settings):
-    """P(new tokens 2 and 3) computed from the full model: sum over t1 of p(t1) p(t2|t1) p(t3|t1,t2)."""
-    processor = logits_processor(settings)
-
-    def dist(context):
-        from selfspec.decoding.sampling import scores
-        logits = forward(model, new_cache(model, 64), context, 0, last_only=True)
-        return torch.softmax(scores(logits, context, len(context), processor)[0], dim=-1)
-
-    pairs = {}
-    p1 = dist(prompt)
-    for t1 in p1.nonzero().flatten().tolist():
-        p2 = dist(prompt + [t1])
-        for t2 in p2.nonzero().flatten().tolist():
-            p3 = dist(prompt + [t1, t2])
-            for t3 in p3.nonzero().flatten().tolist():
-                pairs[(t2, t3)] = pairs.get((t2, t3), 0.0) + float(p1[t1] * p2[t2] * p3[t3])
-    return pairs
-
-
-def chi_square_pvalue(counts: dict, exact: dict) -> float:
-    """Goodness of fit of observed counts to exact probabilities; cells expecting < 5 are pooled."""
-    n = sum(counts.values())
-    big = [k for k in exact if exact[k] * n >= 5]
-    observed = [counts.get(k, 0) for k in big]
-    expected = [exact[k] * n for k in big]
-    rest = n - sum(observed), n - sum(expected)
-    if rest[1] >= 5:
-        observed.append(rest[0])
-        expected.append(rest[1])
-    return chisquare(observed, [e * sum(observed) / sum(expected) for e in expected]).pvalue
 
 
 @pytest.mark.slow

@@ -1,6 +1,5 @@
 """Experiment configs compose; tiny runs of every experiment write records that `make figures` turns into figures."""
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -12,35 +11,14 @@ from selfspec.plots import figures as figs
 from selfspec.records import runs as runs_
 from selfspec.settings import make_skip_set
 
+from helpers import FIGURES
+from random_skip_sets import random_skip_sets, skip_sets_yaml  # experiments/, on sys.path by conftest
+from sample_records import TEST_RUNS, slim
+
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
-sys.path.insert(0, str(ROOT / "experiments"))
-from random_skip_sets import random_skip_sets, skip_sets_yaml  # noqa: E402
-from sample_records import TEST_RUNS, run_experiments, slim  # noqa: E402
 
 SWEEPS = {"threshold_sweep", "skip_ratio", "sampling"}
-FIGURES = {
-    "threshold_sweep": ["threshold_sweep"],
-    "adaptive_trace": ["adaptive_trace", "adaptive_accepted"],
-    "skip_ratio": ["skip_ratio"],
-    "search_history": ["search_history", "search_pareto", "search_skip_mask"],
-    "strategies": ["strategies_speedup", "strategies_accepted"],
-    "sampling": ["sampling"],
-}
-
-
-def tiny_outputs(tmp_path_factory) -> Path:
-    """Every experiment run once on the tiny Llama (sample_records.TEST_RUNS), shared by the test modules."""
-    outputs = tmp_path_factory.getbasetemp() / "tiny_outputs"
-    if not (outputs / "finished").exists():
-        run_experiments(outputs, TEST_RUNS, jobs=2)
-        (outputs / "finished").touch()
-    return outputs
-
-
-@pytest.fixture(scope="session")
-def outputs(tmp_path_factory):
-    return tiny_outputs(tmp_path_factory)
 
 
 def compose_experiment(name, *overrides):
@@ -114,14 +92,14 @@ def test_skip_ratio_sets_are_the_generated_ones_and_valid():
 
 
 @pytest.mark.slow
-def test_threshold_sweep_and_adaptive_trace_records(outputs):
-    runs = runs_.load_runs(runs_.latest(outputs, "threshold_sweep"))
+def test_threshold_sweep_and_adaptive_trace_records(tiny_outputs):
+    runs = runs_.load_runs(runs_.latest(tiny_outputs, "threshold_sweep"))
     assert sorted((run.draft_policy, run.draft_threshold) for run in runs) == [
         ("adaptive", 0.3), ("adaptive", 0.9), ("threshold", 0.3), ("threshold", 0.9)]
     for run in runs:
         assert {r.strategy for r in run.records} == {"plain", "self_spec"}
         assert run.model == "tiny_llama" and len({r.question_id for r in run.records}) == 2
-    (trace,) = runs_.load_runs(runs_.latest(outputs, "adaptive_trace"))
+    (trace,) = runs_.load_runs(runs_.latest(tiny_outputs, "adaptive_trace"))
     steps = [s for r in trace.records if r.strategy == "self_spec" for s in r.steps]
     assert steps and trace.draft_policy == "adaptive"
     assert steps[0].threshold == 0.8  # no warm-up moved it before the first recorded step
@@ -129,20 +107,20 @@ def test_threshold_sweep_and_adaptive_trace_records(outputs):
 
 
 @pytest.mark.slow
-def test_make_figures_writes_every_figure_of_the_tiny_runs(outputs, tmp_path, capsys):
+def test_make_figures_writes_every_figure_of_the_tiny_runs(tiny_outputs, tmp_path, capsys):
     out = tmp_path / "figures"
-    figs.main(["--outputs", str(outputs), "--out", str(out)])  # python -m selfspec.figures
+    figs.main(["--outputs", str(tiny_outputs), "--out", str(out)])  # python -m selfspec.figures
     lines = capsys.readouterr().out.splitlines()
     for name, figures in FIGURES.items():
         for figure in figures:
             assert (out / f"{figure}.png").stat().st_size > 10_000 and (out / f"{figure}.pdf").is_file()
-            assert f"{out / figure}.{{png,pdf}} <- {runs_.latest(outputs, name)}" in lines
+            assert f"{out / figure}.{{png,pdf}} <- {runs_.latest(tiny_outputs, name)}" in lines
     assert len(lines) == sum(map(len, FIGURES.values()))
 
 
 @pytest.mark.slow
-def test_slimmed_records_still_make_every_figure(outputs, tmp_path):
-    slim(outputs, tmp_path)
+def test_slimmed_records_still_make_every_figure(tiny_outputs, tmp_path):
+    slim(tiny_outputs, tmp_path)
     size = sum(p.stat().st_size for p in tmp_path.rglob("*") if p.is_file())
     assert size < 200_000
     for name, make in figs.FIGURE_GROUPS.items():

@@ -2,9 +2,6 @@
 
 import json
 import random
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,9 +17,9 @@ from selfspec.models.skip import decoder_layers
 from selfspec.models.tiny import tiny_model
 from selfspec.settings import SamplingSettings
 from selfspec.training.kangaroo import TrainSettings, collect, train_adapter
-from test_decoding import chi_square_pvalue, exact_pair_distribution
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import chi_square_pvalue, exact_pair_distribution, run_py
+
 GREEDY = SamplingSettings(max_new_tokens=60)
 TEXTS = ["def add(a, b):\n    return", "Hello there, how are", "import numpy as np\nx = np.",
          "class Stack:\n    def push", "The quick brown fox jumps", "for i in range(10):\n    print"]
@@ -161,26 +158,24 @@ def test_bad_exit_layers_and_adapter_paths(tiny, tmp_path):
         load_adapter(tmp_path / "adapter.pt", other)
 
 
-def run_py(*overrides):
-    return subprocess.run([sys.executable, "run.py", "model=tiny_llama", "model.dtype=float64", "logger=none",
-                           *overrides], cwd=ROOT, capture_output=True, text=True, timeout=300)
+TINY_RUN = ["model=tiny_llama", "model.dtype=float64", "logger=none"]  # every run.py call here starts with these
 
 
 @pytest.mark.slow
 def test_run_py_trains_resumes_and_benchmarks_kangaroo(tmp_path):
     train = ["experiment=kangaroo_train", "kangaroo.train.sets=[chat]", "kangaroo.train.prompts_per_set=3",
              "kangaroo.train.max_new_tokens=8", "kangaroo.exit_layer=4", f"hydra.run.dir={tmp_path / 'train'}"]
-    result = run_py(*train, "kangaroo.train.epochs=1")
+    result = run_py(*TINY_RUN, *train, "kangaroo.train.epochs=1", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     adapter = tmp_path / "train" / "adapter.pt"
     assert adapter.is_file() and f"kangaroo.adapter_path={adapter}" in result.stdout
     assert "collect: 100%" in result.stderr and "train: 100%" in result.stderr
-    result = run_py(*train[:-1], "kangaroo.train.epochs=2", f"kangaroo.resume={tmp_path / 'train'}",
-                    f"hydra.run.dir={tmp_path / 'resume'}")
+    result = run_py(*TINY_RUN, *train[:-1], "kangaroo.train.epochs=2", f"kangaroo.resume={tmp_path / 'train'}",
+                    f"hydra.run.dir={tmp_path / 'resume'}", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resuming from" in result.stdout and "after epoch 1" in result.stdout and "epoch 2:" in result.stdout
-    result = run_py("data=chat", "data.limit=2", "sampling.max_new_tokens=24", "strategies=[plain,kangaroo]",
-                    f"kangaroo.adapter_path={adapter}", f"hydra.run.dir={tmp_path / 'eval'}")
+    result = run_py(*TINY_RUN, "data=chat", "data.limit=2", "sampling.max_new_tokens=24", "strategies=[plain,kangaroo]",
+                    f"kangaroo.adapter_path={adapter}", f"hydra.run.dir={tmp_path / 'eval'}", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
     assert list(summary) == ["plain", "kangaroo"]
@@ -195,6 +190,6 @@ def test_run_py_trains_resumes_and_benchmarks_kangaroo(tmp_path):
     (["task=fly"], "task='fly' is unknown; allowed: evaluate, kangaroo_train"),
 ])
 def test_bad_kangaroo_values_end_with_one_clear_line(tmp_path, overrides, message):
-    result = run_py("data.limit=1", f"hydra.run.dir={tmp_path}", *overrides)
+    result = run_py(*TINY_RUN, "data.limit=1", f"hydra.run.dir={tmp_path}", *overrides, timeout=300)
     assert result.returncode != 0 and message in result.stderr
     assert "Traceback" not in result.stderr

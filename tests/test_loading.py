@@ -14,14 +14,8 @@ from selfspec.errors import SelfspecError
 from selfspec.models import loading
 from selfspec.models.loading import load_model
 from selfspec.models.tiny import byte_tokenizer, tiny_model
-from selfspec.settings import ModelSettings, typed
 
-TINY = dict(family="llama", num_layers=3, hidden_size=32, sliding_window=8, seed=0)
-
-
-def cfg(source="tiny", **overrides) -> ModelSettings:
-    return typed(ModelSettings, dict(name="m", source=source, path=None, dtype="float32", device="cpu",
-                                     cache_dir="~/.cache/selfspec", **TINY) | overrides, "model")
+from helpers import cfg
 
 
 @pytest.mark.parametrize("family, dtype, attn", [("llama", "float32", "sdpa"), ("gemma2", "bfloat16", "eager")])

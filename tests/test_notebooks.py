@@ -10,17 +10,11 @@ nbclient = pytest.importorskip("nbclient")
 nbformat = pytest.importorskip("nbformat")
 
 from selfspec.records.runs import latest  # noqa: E402
-from test_experiments import tiny_outputs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 PLOTS = {"threshold_sweep": 1, "adaptive_trace": 2, "skip_ratio": 1, "search_history": 3, "strategies": 2,
          "sampling": 1}
-
-
-@pytest.fixture(scope="session")
-def outputs(tmp_path_factory):
-    return tiny_outputs(tmp_path_factory)
 
 
 def with_records(notebook, path: Path):
@@ -41,10 +35,10 @@ def test_notebooks_are_percent_scripts_without_outputs():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(PLOTS))
-def test_notebook_runs_on_tiny_records(name, outputs, monkeypatch):
+def test_notebook_runs_on_tiny_records(name, tiny_outputs, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    records = latest(outputs, name)
+    records = latest(tiny_outputs, name)
     notebook = with_records(jupytext.read(NOTEBOOKS / f"{name}.py"), records)
     nbclient.NotebookClient(notebook, kernel_name="python3", timeout=120,
                             resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()

@@ -14,8 +14,7 @@ from selfspec.models.tiny import tiny_model
 from selfspec.settings import SamplingSettings, SkipSet
 
 from conftest import run_settings
-from test_decoding import hf_greedy
-from test_loading import cfg
+from helpers import cfg, hf_greedy
 
 
 def linears(model) -> list[nn.Module]:

@@ -5,41 +5,11 @@ from matplotlib.figure import Figure
 
 from selfspec import plots
 from selfspec.errors import SelfspecError
-from selfspec.records.prompt_records import PromptRecord, RecordedStep, summarize
+from selfspec.records.prompt_records import summarize
 from selfspec.records.runs import Run, Trial, TrialMetrics
 from selfspec.settings import SkipSet
 
-
-def record(strategy, question_id, category="code", elapsed_s=1.0, steps=((3, 2), (3, 0), (4, 4)), threshold=0.5,
-           plain_elapsed_s=None):
-    """A record; steps are (drafted, accepted) pairs (plain decoding: one token per step)."""
-    if strategy == "plain":
-        rows = [RecordedStep(drafted=0, accepted=0, emitted=1, threshold=0.0) for _ in range(9)]
-    else:
-        rows = [RecordedStep(drafted=d, accepted=a, emitted=a + 1, threshold=threshold + 0.01 * i)
-                for i, (d, a) in enumerate(steps)]
-    new_tokens = sum(r.emitted for r in rows) + 1
-    drafted, accepted = sum(r.drafted for r in rows), sum(r.accepted for r in rows)
-    plain_tps = 10 / (plain_elapsed_s or elapsed_s)
-    return PromptRecord(strategy=strategy, question_id=question_id, category=category, prompt_tokens=5,
-                        new_tokens=new_tokens, elapsed_s=elapsed_s, tokens_per_s=new_tokens / elapsed_s,
-                        drafted=drafted, accepted=accepted, verify_steps=len(rows),
-                        emitted=sum(r.emitted for r in rows), acceptance_rate=accepted / drafted if drafted else None,
-                        mean_accepted_tokens=sum(r.emitted for r in rows) / len(rows),
-                        speedup=(new_tokens / elapsed_s) / plain_tps, matches_plain=True, steps=rows)
-
-
-def run_records(strategies=("plain", "self_spec"), categories=("code", "writing"), per_category=2, speed=2.0,
-                steps=((3, 2), (3, 0), (4, 4)), threshold=0.5):
-    """Records of one run: every strategy on every prompt; non-plain strategies `speed` times faster-ish."""
-    rows = []
-    for c, category in enumerate(categories):
-        for p in range(per_category):
-            question_id = f"{category}-{p}"
-            for s, strategy in enumerate(strategies):
-                elapsed = 1.0 if strategy == "plain" else 1.0 / (speed + 0.1 * p + 0.2 * s + 0.05 * c)
-                rows.append(record(strategy, question_id, category, elapsed, steps, threshold, plain_elapsed_s=1.0))
-    return rows
+from helpers import record, run_records
 
 
 def labelled_lines(ax):

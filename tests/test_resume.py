@@ -5,10 +5,8 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -21,7 +19,8 @@ from selfspec.models.tiny import tiny_model
 from selfspec.records.prompt_records import WrittenRecord, first_difference, read_records, summarize
 from selfspec.settings import SamplingSettings, SkipSet
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import run_py
+
 TIMES = {"elapsed_s", "tokens_per_s", "speedup", "peak_mem_mb", "median_prompt_speedup", "steps"}  # vary run to run
 
 
@@ -96,18 +95,15 @@ def record_row(strategy, question_id, output, plain_output) -> dict:
                 first_difference=differ, output_ids=output, steps=[])
 
 
-def run_py(out_dir, *overrides, wait=True):
-    command = [sys.executable, "run.py", "model=tiny_llama", "logger=none", "data=chat", "data.limit=4",
-               "sampling.max_new_tokens=24", "strategies=[plain,self_spec]", f"hydra.run.dir={out_dir}", *overrides]
-    if not wait:
-        return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+# every run.py call here starts with these
+TINY_RUN = ["model=tiny_llama", "logger=none", "data=chat", "data.limit=4", "sampling.max_new_tokens=24",
+            "strategies=[plain,self_spec]"]
 
 
 @pytest.mark.slow
 def test_a_run_killed_mid_way_and_resumed_ends_as_an_uninterrupted_run(tmp_path):
     killed, whole = tmp_path / "killed", tmp_path / "whole"
-    process = run_py(killed, wait=False)
+    process = run_py(*TINY_RUN, out_dir=killed, wait=False, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     records = killed / "records.jsonl"
     deadline = time.monotonic() + 300
     while not (records.is_file() and records.read_text().count("\n") >= 1) and time.monotonic() < deadline:
@@ -117,10 +113,10 @@ def test_a_run_killed_mid_way_and_resumed_ends_as_an_uninterrupted_run(tmp_path)
     written = records.read_text()
     assert 1 <= written.count("\n") < 8 and written.endswith("\n")  # killed mid-run, whole lines only
     assert not (killed / "summary.json").exists()
-    result = run_py(killed, "resume=true")
+    result = run_py(*TINY_RUN, "resume=true", out_dir=killed)
     assert result.returncode == 0, result.stderr[-3000:]
     assert (killed / "records.jsonl").read_text().startswith(written)
-    assert run_py(whole).returncode == 0
+    assert run_py(*TINY_RUN, out_dir=whole).returncode == 0
     summaries = [json.loads((d / "summary.json").read_text()) for d in (killed, whole)]
     assert without_times(summaries[0]) == without_times(summaries[1])
     assert summaries[0]["self_spec"]["n_prompts"] == 4 and summaries[0]["self_spec"]["outputs_match_plain"] == 1.0
@@ -129,16 +125,16 @@ def test_a_run_killed_mid_way_and_resumed_ends_as_an_uninterrupted_run(tmp_path)
 
 @pytest.mark.slow
 def test_resume_with_another_config_or_an_unusable_run_dir_is_one_line(tmp_path):
-    assert run_py(tmp_path / "run", "data.limit=1").returncode == 0
+    assert run_py(*TINY_RUN, "data.limit=1", out_dir=tmp_path / "run").returncode == 0
     before = (tmp_path / "run" / "records.jsonl").read_text()
-    result = run_py(tmp_path / "run", "data.limit=1", "sampling.max_new_tokens=8", "resume=true")
+    result = run_py(*TINY_RUN, "data.limit=1", "sampling.max_new_tokens=8", "resume=true", out_dir=tmp_path / "run")
     assert result.returncode == 2 and result.stderr.strip().splitlines()[-1] == (
         f"selfspec: error: resume=true: {tmp_path / 'run' / 'records.jsonl'} was written with other settings: "
         f"sampling.max_new_tokens=24 (now 8); rerun with those, or without resume=true to start afresh (the earlier "
         f"files are kept)")
     assert (tmp_path / "run" / "records.jsonl").read_text() == before
     (tmp_path / "afile").write_text("")
-    result = run_py(tmp_path / "afile" / "run")
+    result = run_py(*TINY_RUN, out_dir=tmp_path / "afile" / "run")
     assert result.returncode == 2 and result.stderr == (
         f"selfspec: error: output directory {tmp_path / 'afile' / 'run'} cannot be made: {tmp_path / 'afile'} is a "
         f"file, not a folder; choose another with hydra.run.dir=...\n")

@@ -1,33 +1,25 @@
 """run.py end to end on tiny models: records, summary, table, W&B offline history."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from helpers import run_py
 from wandb_history import history
 
 pytestmark = pytest.mark.slow  # run.py in a subprocess, end to end
 
-ROOT = Path(__file__).resolve().parents[1]
 SUMMARY_KEYS = {"tokens_per_s", "speedup", "acceptance_rate", "mean_accepted_tokens", "outputs_match_plain",
                 "n_prompts", "new_tokens"}
-
-
-def run_py(out_dir, *overrides):
-    result = subprocess.run([sys.executable, "run.py", f"hydra.run.dir={out_dir}", "data.limit=2",
-                             "sampling.max_new_tokens=24", *overrides], cwd=ROOT, capture_output=True, text=True,
-                            timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return result
+TINY_RUN = ["data.limit=2", "sampling.max_new_tokens=24"]  # every run.py call here starts with these
 
 
 @pytest.mark.parametrize("model", ["tiny_llama", "tiny_gemma2"])
 def test_run_writes_records_summary_and_table(tmp_path, model):
-    result = run_py(tmp_path, f"model={model}", "model.dtype=float64", "logger=none", "data=chat",
-                    "strategies=[plain,self_spec,self_spec_fixed,two_model]", "draft_model=tiny_llama")
+    result = run_py(*TINY_RUN, f"model={model}", "model.dtype=float64", "logger=none", "data=chat",
+                    "strategies=[plain,self_spec,self_spec_fixed,two_model]", "draft_model=tiny_llama",
+                    out_dir=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert list(summary) == ["plain", "self_spec", "self_spec_fixed", "two_model"]
     for name, row in summary.items():
@@ -48,8 +40,10 @@ def test_run_writes_records_summary_and_table(tmp_path, model):
 
 
 def test_run_with_hf_baselines_records_peak_memory(tmp_path):
-    run_py(tmp_path, "model=tiny_llama", "model.dtype=float64", "logger=none", "data=chat", "draft_model=tiny_llama",
-           "strategies=[plain,self_spec,hf_generate,hf_prompt_lookup,hf_early_exit,hf_assistant]", "hf.early_exit_layer=3")
+    result = run_py(*TINY_RUN, "model=tiny_llama", "model.dtype=float64", "logger=none", "data=chat",
+                    "draft_model=tiny_llama", "strategies=[plain,self_spec,hf_generate,hf_prompt_lookup,hf_early_exit,"
+                    "hf_assistant]", "hf.early_exit_layer=3", out_dir=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert list(summary) == ["plain", "self_spec", "hf_generate", "hf_prompt_lookup", "hf_early_exit", "hf_assistant"]
     assert all(row["outputs_match_plain"] == 1.0 and row["peak_mem_mb"] is not None for row in summary.values())
@@ -57,13 +51,16 @@ def test_run_with_hf_baselines_records_peak_memory(tmp_path):
 
 
 def test_sampling_run_records_acceptance(tmp_path):
-    run_py(tmp_path, "model=tiny_llama", "logger=none", "sampling=sample", "strategies=[plain,self_spec]")
+    result = run_py(*TINY_RUN, "model=tiny_llama", "logger=none", "sampling=sample", "strategies=[plain,self_spec]",
+                    out_dir=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert 0 <= summary["self_spec"]["acceptance_rate"] <= 1
 
 
 def test_offline_wandb_run_logs_steps_prompts_and_summary(tmp_path):
-    run_py(tmp_path, "model=tiny_llama", "logger=wandb", "logger.mode=offline")
+    result = run_py(*TINY_RUN, "model=tiny_llama", "logger=wandb", "logger.mode=offline", out_dir=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
     (run_dir,) = (tmp_path / "wandb").glob("offline-run-*")
     rows = history(run_dir)
     keys = set().union(*rows)

@@ -2,8 +2,6 @@
 layout. Each ends with a result or one `selfspec: error:` line, never a traceback."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -11,16 +9,13 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 from selfspec.models.tiny import byte_tokenizer
 
+from helpers import run_py
+
 pytestmark = pytest.mark.slow  # run.py in a subprocess
 
-ROOT = Path(__file__).resolve().parents[1]
 SPEC_BENCH = Path(__file__).parent / "data" / "spec_bench_question.jsonl"
-
-
-def run_py(out_dir, *overrides):
-    return subprocess.run([sys.executable, "run.py", f"hydra.run.dir={out_dir}", "model=tiny_llama", "logger=none",
-                           "sampling.max_new_tokens=8", "warmup=false", *overrides], cwd=ROOT, capture_output=True,
-                          text=True, timeout=600)
+# every run.py call here starts with these
+TINY_RUN = ["model=tiny_llama", "logger=none", "sampling.max_new_tokens=8", "warmup=false"]
 
 
 def error_line(result) -> str:
@@ -34,7 +29,8 @@ def test_spec_bench_questions_decode_and_a_long_prompt_is_truncated_and_counted(
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(SPEC_BENCH.read_text().splitlines()[0] + "\n"
                        + json.dumps({"question_id": "long", "turns": ["word " * 1000]}) + "\n")
-    result = run_py(tmp_path / "run", "data=jsonl", f"data.path={prompts}", "data.max_prompt_tokens=256")
+    result = run_py(*TINY_RUN, "data=jsonl", f"data.path={prompts}", "data.max_prompt_tokens=256",
+                    out_dir=tmp_path / "run")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "selfspec: warning: 1 of 2 prompts were longer than data.max_prompt_tokens=256" in result.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -49,12 +45,13 @@ def test_spec_bench_questions_decode_and_a_long_prompt_is_truncated_and_counted(
 def test_bad_prompt_files_end_in_one_error_line(tmp_path, file_text, overrides, message):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(file_text)
-    assert message in error_line(run_py(tmp_path / "run", "data=jsonl", f"data.path={prompts}", *overrides))
+    assert message in error_line(run_py(*TINY_RUN, "data=jsonl", f"data.path={prompts}", *overrides,
+                                         out_dir=tmp_path / "run"))
 
 
 def test_a_model_of_another_layout_ends_in_one_error_line(tmp_path):
     GPT2LMHeadModel(GPT2Config(vocab_size=259, n_embd=16, n_layer=2, n_head=2)).save_pretrained(tmp_path / "gpt2")
     byte_tokenizer().save_pretrained(tmp_path / "gpt2")
-    line = error_line(run_py(tmp_path / "run", "model=llama", f"model.path={tmp_path / 'gpt2'}", "model.device=cpu",
-                             "model.dtype=float32", "data=chat", "data.limit=1"))
+    line = error_line(run_py(*TINY_RUN, "model=llama", f"model.path={tmp_path / 'gpt2'}", "model.device=cpu",
+                             "model.dtype=float32", "data=chat", "data.limit=1", out_dir=tmp_path / "run"))
     assert "GPT2LMHeadModel" in line and "supported: Llama, Gemma-2, Gemma-3 (text)" in line

@@ -6,8 +6,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import pytest
-from test_experiments import FIGURES
-from test_plots import record, run_records
 
 from selfspec import plots
 from selfspec.errors import SelfspecError
@@ -15,6 +13,8 @@ from selfspec.plots import figures as figs
 from selfspec.records import runs as runs_
 from selfspec.records.prompt_records import PromptRecord, RecordedStep, read_jsonl, read_records, verdict
 from selfspec.settings import SkipSet
+
+from helpers import FIGURES, record, run_records
 
 
 def write_lines(path: Path, rows) -> Path:

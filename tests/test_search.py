@@ -5,7 +5,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -32,20 +31,16 @@ from selfspec.search.space import Candidate, SearchSpace, search_space, seed_can
 from selfspec.search.study import fail_dead_trials, open_storage, open_study
 from selfspec.settings import DataSettings, SkipSet, from_config
 
+from helpers import run_py
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread for every test here
+
 ROOT = Path(__file__).resolve().parents[1]
 # Small and fast: 1 evaluation prompt x 8 tokens after the search; 4 search prompts (chat 1..4) x 12 tokens.
 TINY = ["search=optuna", "logger=none", "data=chat", "data.limit=1", "sampling.max_new_tokens=8", "warmup=false",
         "search.data.limit=4", "search.max_new_tokens=12"]
 # One torch thread: on a shared 2-core machine two threads wait on each other for every small matmul.
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def config(*overrides):
@@ -55,11 +50,6 @@ def config(*overrides):
 
 def settings(*overrides):
     return from_config(config(*overrides))
-
-
-def run_py(*overrides, **kwargs):
-    return subprocess.Popen([sys.executable, "run.py", *TINY, *overrides], cwd=ROOT, env=ENV, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kwargs)
 
 
 def journal_study(path: Path, name: str):
@@ -293,7 +283,7 @@ def test_bad_search_settings_raise_one_line_errors(tmp_path, override, message):
 
 @pytest.mark.slow
 def test_run_py_reports_bad_search_settings_in_one_line(tmp_path):
-    proc = run_py("model=tiny_llama", "search.objective=speed", f"hydra.run.dir={tmp_path}")
+    proc = run_py(*TINY, "model=tiny_llama", "search.objective=speed", f"hydra.run.dir={tmp_path}", wait=False, env=ENV)
     _, stderr = proc.communicate(timeout=120)
     assert proc.returncode == 2
     assert stderr.strip().splitlines()[-1].startswith("selfspec: error: search.objective='speed' is unknown")
@@ -302,7 +292,7 @@ def test_run_py_reports_bad_search_settings_in_one_line(tmp_path):
 @pytest.mark.slow
 def test_a_killed_study_resumes_with_its_finished_trials(tmp_path):
     command = ["model=tiny_llama", "search.n_trials=16", f"hydra.run.dir={tmp_path}"]
-    first = run_py(*command)
+    first = run_py(*TINY, *command, wait=False, env=ENV)
     deadline = time.monotonic() + 90
     while not ((tmp_path / "trials.jsonl").is_file() and len(read_jsonl(tmp_path / "trials.jsonl")) >= 3):
         assert first.poll() is None and time.monotonic() < deadline, "the search ended or stalled before 3 trials"
@@ -314,7 +304,7 @@ def test_a_killed_study_resumes_with_its_finished_trials(tmp_path):
     killed = [t.number for t in before if t.state == TrialState.RUNNING and "worker" in t.user_attrs]
     assert 3 <= len(finished) < 16
 
-    second = run_py(*command)
+    second = run_py(*TINY, *command, wait=False, env=ENV)
     stdout, stderr = second.communicate(timeout=120)
     assert second.returncode == 0, stderr[-2000:]
     after = journal_study(tmp_path / "optuna_journal.log", "tiny_llama-tokens_per_s").trials
@@ -331,8 +321,9 @@ def test_a_killed_study_resumes_with_its_finished_trials(tmp_path):
 @pytest.mark.slow
 def test_two_workers_share_one_journal_study(tmp_path):
     journal = tmp_path / "shared.log"
-    workers = [run_py("model=tiny_llama", "search.n_trials=10", f"search.storage={journal}", "search.study_name=shared",
-                      f"search.seed={i}", f"hydra.run.dir={tmp_path / str(i)}") for i in (0, 1)]
+    workers = [run_py(*TINY, "model=tiny_llama", "search.n_trials=10", f"search.storage={journal}",
+                      "search.study_name=shared", f"search.seed={i}", f"hydra.run.dir={tmp_path / str(i)}", wait=False,
+                      env=ENV) for i in (0, 1)]
     for worker in workers:
         _, stderr = worker.communicate(timeout=150)
         assert worker.returncode == 0, stderr[-2000:]

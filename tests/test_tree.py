@@ -19,7 +19,7 @@ from selfspec.models.tiny import tiny_model
 from selfspec.settings import SamplingSettings, SkipSet, make_skip_set
 
 from conftest import run_settings
-from test_decoding import assert_cache_holds, hf_greedy
+from helpers import assert_cache_holds, hf_greedy
 
 WINDOW = 8  # sliding window of the tiny Gemma models: shorter than every test sequence
 pytestmark = pytest.mark.usefixtures("one_thread")

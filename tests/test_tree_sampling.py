@@ -16,7 +16,7 @@ from selfspec.decoding.tree import verify_tree_sampled
 from selfspec.models.tiny import tiny_model
 from selfspec.settings import SamplingSettings, make_skip_set
 
-from test_decoding import chi_square_pvalue, exact_pair_distribution
+from helpers import chi_square_pvalue, exact_pair_distribution
 
 V = 4  # vocabulary of the analytic test
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,0 +1,128 @@
+"""Helpers shared by the test modules (plain functions and constants; shared fixtures live in conftest.py)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+from scipy.stats import chisquare
+
+from selfspec.decoding.sampling import logits_processor, scores
+from selfspec.models.cache import forward, new_cache
+from selfspec.records.prompt_records import PromptRecord, RecordedStep
+from selfspec.settings import ModelSettings, typed
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_MODEL = dict(family="llama", num_layers=3, hidden_size=32, sliding_window=8, seed=0)
+
+
+def run_py(*overrides, out_dir=None, wait=True, timeout=600, **popen_kwargs):
+    """`python run.py <overrides>` from the repository root: the CompletedProcess, or with wait=False the Popen."""
+    # out_dir adds hydra.run.dir=out_dir; stdout and stderr come back as text unless popen_kwargs send them elsewhere
+    command = [sys.executable, "run.py", *overrides, *([f"hydra.run.dir={out_dir}"] if out_dir is not None else [])]
+    options = dict(cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE) | popen_kwargs
+    if not wait:
+        return subprocess.Popen(command, **options)
+    return subprocess.run(command, timeout=timeout, **options)
+
+
+def cfg(source="tiny", **overrides) -> ModelSettings:
+    """Model settings for load_model: a 3-layer tiny Llama in float32 on the CPU unless `overrides` say otherwise."""
+    return typed(ModelSettings, dict(name="m", source=source, path=None, dtype="float32", device="cpu",
+                                     cache_dir="~/.cache/selfspec", **TINY_MODEL) | overrides, "model")
+
+
+def hf_greedy(model, prompt, n, eos=None):
+    """The next `n` tokens of transformers' own greedy `generate` after `prompt`."""
+    # pass the attention mask: without it transformers guesses padding from pad == eos ids inside the prompt
+    out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                         max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def assert_cache_holds(model, cache, kept: list[int]) -> None:
+    """`cache` holds exactly `kept`: its length, and the keys and values a fresh forward over them writes.
+    Eager attention (Gemma-2) takes its softmax in float32, so keys masked out in one forward and absent in the
+    other change a sum's order (~1e-7); sdpa (Llama, Gemma-3) stays in float64 and matches to rounding."""
+    tolerance = dict(rtol=1e-5, atol=1e-5) if model.config._attn_implementation == "eager" else {}
+    fresh = new_cache(model, len(kept) + 1)
+    forward(model, fresh, kept, 0)
+    for mine, ref in zip(cache.layers, fresh.layers):
+        assert int(mine.get_seq_length()) == len(kept)
+        torch.testing.assert_close(mine.keys[:, :, :len(kept)], ref.keys, **tolerance)
+        torch.testing.assert_close(mine.values[:, :, :len(kept)], ref.values, **tolerance)
+
+
+def exact_pair_distribution(model, prompt, settings):
+    """P(new tokens 2 and 3) computed from the full model: sum over t1 of p(t1) p(t2|t1) p(t3|t1,t2)."""
+    processor = logits_processor(settings)
+
+    def dist(context):
+        logits = forward(model, new_cache(model, 64), context, 0, last_only=True)
+        return torch.softmax(scores(logits, context, len(context), processor)[0], dim=-1)
+
+    pairs = {}
+    p1 = dist(prompt)
+    for t1 in p1.nonzero().flatten().tolist():
+        p2 = dist(prompt + [t1])
+        for t2 in p2.nonzero().flatten().tolist():
+            p3 = dist(prompt + [t1, t2])
+            for t3 in p3.nonzero().flatten().tolist():
+                pairs[(t2, t3)] = pairs.get((t2, t3), 0.0) + float(p1[t1] * p2[t2] * p3[t3])
+    return pairs
+
+
+def chi_square_pvalue(counts: dict, exact: dict) -> float:
+    """Goodness of fit of observed counts to exact probabilities; cells expecting < 5 are pooled."""
+    n = sum(counts.values())
+    big = [k for k in exact if exact[k] * n >= 5]
+    observed = [counts.get(k, 0) for k in big]
+    expected = [exact[k] * n for k in big]
+    rest = n - sum(observed), n - sum(expected)
+    if rest[1] >= 5:
+        observed.append(rest[0])
+        expected.append(rest[1])
+    return chisquare(observed, [e * sum(observed) / sum(expected) for e in expected]).pvalue
+
+
+def record(strategy, question_id, category="code", elapsed_s=1.0, steps=((3, 2), (3, 0), (4, 4)), threshold=0.5,
+           plain_elapsed_s=None):
+    """A PromptRecord; steps are (drafted, accepted) pairs (plain decoding: one token per step)."""
+    if strategy == "plain":
+        rows = [RecordedStep(drafted=0, accepted=0, emitted=1, threshold=0.0) for _ in range(9)]
+    else:
+        rows = [RecordedStep(drafted=d, accepted=a, emitted=a + 1, threshold=threshold + 0.01 * i)
+                for i, (d, a) in enumerate(steps)]
+    new_tokens = sum(r.emitted for r in rows) + 1
+    drafted, accepted = sum(r.drafted for r in rows), sum(r.accepted for r in rows)
+    plain_tps = 10 / (plain_elapsed_s or elapsed_s)
+    return PromptRecord(strategy=strategy, question_id=question_id, category=category, prompt_tokens=5,
+                        new_tokens=new_tokens, elapsed_s=elapsed_s, tokens_per_s=new_tokens / elapsed_s,
+                        drafted=drafted, accepted=accepted, verify_steps=len(rows),
+                        emitted=sum(r.emitted for r in rows), acceptance_rate=accepted / drafted if drafted else None,
+                        mean_accepted_tokens=sum(r.emitted for r in rows) / len(rows),
+                        speedup=(new_tokens / elapsed_s) / plain_tps, matches_plain=True, steps=rows)
+
+
+def run_records(strategies=("plain", "self_spec"), categories=("code", "writing"), per_category=2, speed=2.0,
+                steps=((3, 2), (3, 0), (4, 4)), threshold=0.5):
+    """Records of one run: every strategy on every prompt; non-plain strategies `speed` times faster-ish."""
+    rows = []
+    for c, category in enumerate(categories):
+        for p in range(per_category):
+            question_id = f"{category}-{p}"
+            for s, strategy in enumerate(strategies):
+                elapsed = 1.0 if strategy == "plain" else 1.0 / (speed + 0.1 * p + 0.2 * s + 0.05 * c)
+                rows.append(record(strategy, question_id, category, elapsed, steps, threshold, plain_elapsed_s=1.0))
+    return rows
+
+
+# the figures `make figures` draws from each experiment's runs
+FIGURES = {
+    "threshold_sweep": ["threshold_sweep"],
+    "adaptive_trace": ["adaptive_trace", "adaptive_accepted"],
+    "skip_ratio": ["skip_ratio"],
+    "search_history": ["search_history", "search_pareto", "search_skip_mask"],
+    "strategies": ["strategies_speedup", "strategies_accepted"],
+    "sampling": ["sampling"],
+}
