@@ -1,6 +1,8 @@
-"""The run: its top-level options, how run.py was started, and `from_config`, which types a composed config."""
+"""The run: its top-level options, how run.py was started, `from_config`, which types a composed config, and
+`default_settings`, the config's own values for code that runs without run.py."""
 
 from dataclasses import dataclass, field, fields
+from functools import cache
 from typing import Optional
 
 from omegaconf import DictConfig, OmegaConf
@@ -10,7 +12,7 @@ from selfspec.errors import SelfspecError
 from selfspec.settings.decoding import DraftSettings, SamplingSettings, SkipSettings
 from selfspec.settings.groups import (DataSettings, HFSettings, KangarooSettings, LoggerSettings, ModelSettings,
                                       SearchSettings, ServeSettings)
-from selfspec.settings.typed import at_least, one_of, type_error, typed
+from selfspec.settings.typed import CONF, at_least, one_of, type_error, typed
 
 TASKS = ("evaluate", "kangaroo_train", "serve")
 
@@ -100,3 +102,23 @@ def _resolved(cfg: DictConfig) -> dict:
         raise SelfspecError(f"{error.full_key} is not set; give it on the command line ({error.full_key}=...)") from None
     except OmegaConfBaseException as error:
         raise SelfspecError(type_error(error, "")) from None
+
+
+@cache
+def default_settings() -> RunSettings:
+    """The settings of conf/config.yaml with no overrides, as `python run.py` runs: the defaults of the code that
+    runs without run.py (the Python API, tests, experiments/). Built once and shared: replace(), do not mutate.
+    Hydra's global state is put back afterwards, so a running Hydra app (run.py) may call it."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import JobRuntime
+
+    running = GlobalHydra.instance().hydra
+    GlobalHydra.instance().clear()
+    try:  # the running app's job name, which initialize_config_dir sets for the whole process
+        with initialize_config_dir(str(CONF), job_name=JobRuntime.instance().get("name"), version_base="1.3"):
+            return from_config(compose("config"))
+    finally:
+        GlobalHydra.instance().clear()
+        if running is not None:
+            GlobalHydra.instance().initialize(running)

@@ -1,8 +1,9 @@
 """From config nodes to typed dataclasses (`typed`), the range checks the dataclasses run, and `named`, which puts
-the config key in front of a core module's error."""
+the config key in front of a core module's error; CONF, where the config's YAML files are."""
 
 import re
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TypeVar
 
 from omegaconf import DictConfig, OmegaConf
@@ -10,6 +11,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from selfspec.errors import SelfspecError
 
+CONF = Path(__file__).resolve().parents[1] / "conf"  # the YAML these settings type (selfspec/conf: the checkout's conf/)
 T = TypeVar("T")
 
 
