@@ -21,7 +21,7 @@ TINY = dict(family="llama", num_layers=3, hidden_size=32, sliding_window=8, seed
 
 def cfg(source="tiny", **overrides) -> ModelSettings:
     return typed(ModelSettings, dict(name="m", source=source, path=None, dtype="float32", device="cpu",
-                                     cache_dir="~/.cache/selfspec", **TINY) | overrides, "model")
+                                     cache_dir="~/.cache/selfspec", packed_linears=True, **TINY) | overrides, "model")
 
 
 @pytest.mark.parametrize("family, dtype, attn", [("llama", "float32", "sdpa"), ("gemma2", "bfloat16", "eager")])

@@ -49,8 +49,8 @@ class RunOptions:
     strategies: list[str]
     repeats: int
     warmup: bool
-    resume: bool = False  # continue the records.jsonl in the run dir (same settings) instead of moving it aside
-    spec_bench_answers: bool = False  # also write <run dir>/model_answer/<model>-<strategy>.jsonl (Spec-Bench)
+    resume: bool  # continue the records.jsonl in the run dir (same settings) instead of moving it aside
+    spec_bench_answers: bool  # also write <run dir>/model_answer/<model>-<strategy>.jsonl (Spec-Bench)
 
     def __post_init__(self):
         one_of("task", self.task, TASKS)

@@ -1,21 +1,26 @@
 """The decoding settings: sampling, skip sets and the `draft` group (draft-exit policy and drafter options)."""
 
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Optional
 
+from omegaconf import DictConfig, OmegaConf
+
 from selfspec.errors import SelfspecError
-from selfspec.settings.typed import at_least, in_unit, one_of
+from selfspec.settings.typed import CONF, at_least, in_unit, one_of
 
 POLICIES = ("fixed", "threshold", "adaptive", "cost")
+ADAPTIVE_RULE = ("beta1", "target_acceptance", "epsilon", "beta2")  # the adaptive draft exit's parameters
 
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    temperature: float = 0.0  # 0 means greedy
-    top_k: int = 0  # 0 means off
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-    max_new_tokens: int = 128
+    """The `sampling` group; code that runs without run.py takes default_settings().sampling (greedy, 128 tokens)."""
+    temperature: float  # 0 means greedy
+    top_k: int  # 0 means off
+    top_p: float
+    repetition_penalty: float
+    max_new_tokens: int
 
     def __post_init__(self):
         if self.temperature < 0:
@@ -92,7 +97,7 @@ class DraftSettings:
     policy: str
     max_tokens: int
     threshold: Optional[float] = None  # threshold, adaptive (its start); None: default_threshold below
-    beta1: Optional[float] = None  # adaptive only; None: the paper's value (decoding/draft_exit.py)
+    beta1: Optional[float] = None  # the adaptive rule's; None: conf/draft/adaptive.yaml's (adaptive_options)
     target_acceptance: Optional[float] = None
     epsilon: Optional[float] = None
     beta2: Optional[float] = None
@@ -100,7 +105,7 @@ class DraftSettings:
     ngram_size: int
     ngram_tokens: int
     target_gate: Optional[float] = None
-    hybrid_policy: Optional[str] = "cost"  # self_spec_hybrid's and the tree strategies' policy; None: `policy`
+    hybrid_policy: Optional[str]  # self_spec_hybrid's and the tree strategies' policy; None: `policy`
     tree_nodes: int  # token-tree strategies (`*_tree`): most nodes per tree, longest branch, most children per node,
     tree_depth: int
     tree_width: int
@@ -111,7 +116,7 @@ class DraftSettings:
         if self.hybrid_policy is not None:
             one_of("hybrid_policy", self.hybrid_policy, POLICIES)
         at_least("max_tokens", self.max_tokens, 1)
-        for name in ("threshold", "beta1", "target_acceptance", "epsilon", "beta2", "target_gate"):
+        for name in ("threshold", *ADAPTIVE_RULE, "target_gate"):
             in_unit(name, getattr(self, name))
         at_least("vocab_size", self.vocab_size, 1)
         at_least("ngram_size", self.ngram_size, 1)
@@ -122,6 +127,13 @@ class DraftSettings:
 
     @property
     def adaptive_options(self) -> dict:
-        """The adaptive rule's parameters that the config sets (the rest keep AdaptiveExit's defaults)."""
-        names = ("beta1", "target_acceptance", "epsilon", "beta2")
-        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        """The adaptive rule's parameters: the config's, or where the draft option sets none (draft=fixed with strategy
+        self_spec_adaptive, say) the adaptive option's, conf/draft/adaptive.yaml."""
+        return {name: adaptive_option()[name] if getattr(self, name) is None else getattr(self, name)
+                for name in ADAPTIVE_RULE}
+
+
+@cache
+def adaptive_option() -> DictConfig:
+    """conf/draft/adaptive.yaml as written (its max_tokens, an interpolation, is never read here)."""
+    return OmegaConf.load(CONF / "draft" / "adaptive.yaml")

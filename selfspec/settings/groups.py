@@ -60,7 +60,7 @@ class ModelSettings:
     # Spread the model over devices with accelerate (checkpoints larger than one device); null = all on `device`.
     device_map: Any = None  # auto | balanced | balanced_low_0 | sequential | a device | {module: device or disk}
     offload_folder: Optional[str] = None  # where a device map's "disk" modules are kept
-    packed_linears: bool = True  # decoder linears through oneDNN, weights packed once (float32 on the CPU only)
+    packed_linears: bool  # decoder linears through oneDNN, weights packed once (float32 on the CPU only)
     family: Optional[str] = None  # tiny models: llama | gemma2, and their shape
     num_layers: Optional[int] = None
     hidden_size: Optional[int] = None
@@ -185,16 +185,16 @@ class HFSettings:
 
 @dataclass(frozen=True)
 class TrainSettings:
-    """The `kangaroo.train` block (its defaults are the API's, for code that trains without the config)."""
-    sets: tuple[str, ...] = ("humaneval", "chat", "summarize")
-    prompts_per_set: Optional[int] = 32  # from the calibration half of each set; None = all of it
-    max_new_tokens: int = 64
-    epochs: int = 8
-    lr: float = 1e-3
-    weight_decay: float = 0.0
-    hard_label_weight: float = 0.0
-    val_fraction: float = 0.1
-    seed: int = 0
+    """The `kangaroo.train` block; code that trains without run.py takes default_settings().kangaroo.train."""
+    sets: tuple[str, ...]
+    prompts_per_set: Optional[int]  # from the calibration half of each set; None = all of it
+    max_new_tokens: int
+    epochs: int
+    lr: float
+    weight_decay: float
+    hard_label_weight: float
+    val_fraction: float
+    seed: int
 
     def __post_init__(self):
         for name, ok in (("epochs", self.epochs >= 1), ("max_new_tokens", self.max_new_tokens >= 1),

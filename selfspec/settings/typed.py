@@ -11,7 +11,7 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from selfspec.errors import SelfspecError
 
-CONF = Path(__file__).resolve().parents[1] / "conf"  # the YAML these settings type (selfspec/conf: the checkout's conf/)
+CONF = Path(__file__).resolve().parents[1] / "conf"  # the YAML files (selfspec/conf: a link to the checkout's conf/)
 T = TypeVar("T")
 
 
