@@ -29,7 +29,8 @@ def run_py(*overrides, out_dir=None, wait=True, timeout=600, **popen_kwargs):
 def cfg(source="tiny", **overrides) -> ModelSettings:
     """Model settings for load_model: a 3-layer tiny Llama in float32 on the CPU unless `overrides` say otherwise."""
     return typed(ModelSettings, dict(name="m", source=source, path=None, dtype="float32", device="cpu",
-                                     cache_dir="~/.cache/selfspec", **TINY_MODEL) | overrides, "model")
+                                     cache_dir="~/.cache/selfspec", packed_linears=True, **TINY_MODEL) | overrides,
+                 "model")
 
 
 def hf_greedy(model, prompt, n, eos=None):

@@ -1,5 +1,7 @@
 """The rewindable cache's sliding-window layers: what they hand attention, and lossless decoding past the window."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -8,7 +10,7 @@ from selfspec.decoding.speculative import generate
 from selfspec.decoding.strategies import make_strategy
 from selfspec.models.cache import RewindableCache, forward, new_cache
 from selfspec.models.tiny import tiny_model
-from selfspec.settings import SamplingSettings, SkipSet
+from selfspec.settings import SkipSet, default_settings
 
 from conftest import run_settings
 from helpers import assert_cache_holds, hf_greedy
@@ -80,7 +82,7 @@ def test_rewindable_cache_takes_one_window_per_layer():
 @pytest.mark.parametrize("name", ["self_spec", "prompt_lookup", "prompt_lookup_tree", "self_spec_tree"])
 def test_drafting_strategies_equal_plain_and_hf_generate_past_the_window(model, tokenizer, name):
     prompt = tokenizer("def fib(n):\n    return fib(n - 1) + fib(n - 2)\n\ndef fib").input_ids  # repeats to copy
-    settings = SamplingSettings(max_new_tokens=40)
+    settings = replace(default_settings().sampling, max_new_tokens=40)
     plain = generate(model, prompt, settings).new_tokens
     assert plain == hf_greedy(model, prompt, 40)
     strategy = make_strategy(name, model, settings, (), SkipSet((1,), (2,)), run_settings().draft)

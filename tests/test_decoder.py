@@ -11,11 +11,11 @@ from transformers import AutoModelForCausalLM
 
 from conftest import run_settings
 from selfspec import DEFAULT_DRAFT, SelfSpeculativeDecoder
+from selfspec.api.decoder import DEFAULT_SAMPLING
 from selfspec.api.streaming import VERIFIED, stream_chunks
 from selfspec.data.prompt_sets import Prompt, encode_prompt
 from selfspec.errors import SelfspecError
 from selfspec.models.tiny import tiny_model
-from selfspec.settings import SamplingSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 SKIP = {"attn": [3, 5], "mlp": [4]}
@@ -39,7 +39,8 @@ def plain(model, tokenizer):
 def test_greedy_reply_equals_plain_decoding_and_the_strategy_loop(model, tokenizer, plain, strategy):
     decoder = SelfSpeculativeDecoder(model, tokenizer, skip=SKIP, draft=DRAFT, strategy=strategy)
     reply = decoder.generate(TEXT, max_new_tokens=24)
-    looped = decoder.strategy(SamplingSettings(max_new_tokens=24)).generate(tokenizer(TEXT).input_ids)
+    sampling = dataclasses.replace(DEFAULT_SAMPLING, max_new_tokens=24)
+    looped = decoder.strategy(sampling).generate(tokenizer(TEXT).input_ids)
     assert reply.token_ids == plain.token_ids == looped.new_tokens
     decoded = tokenizer.decode(reply.token_ids, skip_special_tokens=True)
     assert reply.text == decoded.removesuffix("\ufffd")  # a character cut by the length limit is left out
@@ -93,7 +94,7 @@ def test_a_stop_string_split_across_steps_is_held_back_until_it_completes(tokeni
 
 def test_leaving_the_stream_closes_the_decoding_loop(model, tokenizer):
     decoder = SelfSpeculativeDecoder(model, tokenizer, skip=SKIP, draft=DRAFT)
-    steps = decoder.strategy(SamplingSettings(max_new_tokens=24)).steps(tokenizer(TEXT).input_ids)
+    steps = decoder.strategy(dataclasses.replace(DEFAULT_SAMPLING, max_new_tokens=24)).steps(tokenizer(TEXT).input_ids)
     chunks = stream_chunks(steps, tokenizer, (tokenizer.eos_token_id,))
     next(chunks), next(chunks)
     chunks.close()

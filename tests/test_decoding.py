@@ -2,6 +2,7 @@
 
 import copy
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -18,16 +19,18 @@ from selfspec.decoding.strategies import make_strategy
 from selfspec.errors import SelfspecError
 from selfspec.models.cache import forward, new_cache
 from selfspec.models.tiny import tiny_model
-from selfspec.settings import SamplingSettings, make_skip_set
+from selfspec.settings import default_settings, make_skip_set
 
-GREEDY = SamplingSettings(max_new_tokens=60)
+SAMPLING = default_settings().sampling  # the config's: greedy, 128 new tokens
+GREEDY = replace(SAMPLING, max_new_tokens=60)
+ADAPTIVE = default_settings().draft.adaptive_options  # the config's adaptive rule (conf/draft/adaptive.yaml)
 
 
 def random_setup(rng, layers=6):
     skip = make_skip_set(rng.sample(range(layers), rng.randint(0, 3)), rng.sample(range(layers), rng.randint(0, 3)),
                          layers)
     policy = rng.choice([DraftExit(rng.randint(1, 8)), ThresholdExit(rng.randint(1, 8), rng.random()),
-                         AdaptiveExit(rng.randint(1, 12), rng.random()), random_cost_aware(rng)])
+                         AdaptiveExit(rng.randint(1, 12), rng.random(), **ADAPTIVE), random_cost_aware(rng)])
     return skip, policy
 
 
@@ -57,7 +60,7 @@ def test_self_speculative_greedy_equals_plain_for_random_skip_sets(tiny, prompt)
 
 
 def test_greedy_equality_with_repetition_penalty(tiny, prompt):
-    settings = SamplingSettings(max_new_tokens=40, repetition_penalty=1.3)
+    settings = replace(SAMPLING, max_new_tokens=40, repetition_penalty=1.3)
     plain = generate(tiny, prompt, settings).new_tokens
     out = tiny.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                         max_new_tokens=40, do_sample=False, repetition_penalty=1.3, eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
@@ -77,7 +80,7 @@ def test_eos_inside_a_draft_and_length_reached_mid_draft(tiny, prompt):
         assert result.new_tokens == expected
         assert hf_greedy(tiny, prompt, 60, eos=eos) == expected
     for n in (1, 2, 13, 17):  # 8-token drafts would overshoot these lengths
-        short = SamplingSettings(max_new_tokens=n)
+        short = replace(SAMPLING, max_new_tokens=n)
         result = generate(tiny, prompt, short, perfect)
         assert result.new_tokens == plain[:n]
         assert max(s.drafted for s in result.steps or [DraftExit()]) <= 8 if result.steps else n == 1
@@ -87,13 +90,13 @@ def test_two_model_speculative_greedy_equals_plain(tiny, prompt):
     plain = generate(tiny, prompt, GREEDY).new_tokens
     family = "gemma2" if tiny.config.model_type == "gemma2" else "llama"
     small = tiny_model(family, num_layers=2, seed=1).double()
-    for policy in (DraftExit(3), ThresholdExit(6, 0.3), AdaptiveExit(6, 0.8)):
+    for policy in (DraftExit(3), ThresholdExit(6, 0.3), AdaptiveExit(6, 0.8, **ADAPTIVE)):
         assert generate(tiny, prompt, GREEDY, ModelDrafter(small, policy)).new_tokens == plain
     assert generate(tiny, prompt, GREEDY, ModelDrafter(tiny, DraftExit(4))).acceptance_rate == 1.0
 
 
 def test_cache_holds_exactly_the_kept_tokens_after_every_step(tiny, prompt):
-    settings = SamplingSettings(max_new_tokens=40)
+    settings = replace(SAMPLING, max_new_tokens=40)
     cache = new_cache(tiny, 100)
     context = GenerationContext(cache, settings)
     drafter = SelfDrafter(tiny, make_skip_set([1, 3], [2], 6), DraftExit(5))
@@ -193,8 +196,9 @@ def test_target_gate_at_one_never_drafts_and_at_zero_changes_nothing(tiny, promp
     closed = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip, DraftExit(3)), target_gate=1.0)
     assert closed.new_tokens == plain.new_tokens
     assert closed.drafted == 0 and len(closed.steps) == len(plain.steps) == closed.gated_steps
-    ungated = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip, AdaptiveExit(6)))
-    open_gate = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip, AdaptiveExit(6)), target_gate=0.0)
+    ungated = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip, AdaptiveExit(6, 0.8, **ADAPTIVE)))
+    open_gate = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip, AdaptiveExit(6, 0.8, **ADAPTIVE)),
+                         target_gate=0.0)
     assert open_gate.new_tokens == ungated.new_tokens == plain.new_tokens and open_gate.gated_steps == 0
     assert [(s.drafted, s.accepted) for s in open_gate.steps] == [(s.drafted, s.accepted) for s in ungated.steps]
 
@@ -232,7 +236,7 @@ def test_speculative_sampling_matches_the_full_models_distribution(drafter_kind)
     residual resampling happen often. The hybrid's prompt was picked so that the first new token often has an
     earlier occurrence to copy after (one-hot q) and the layer-skip draft covers the rest."""
     model = tiny_model("llama", num_layers=2, hidden_size=32, seed=3, init_std=0.3).double()
-    settings = SamplingSettings(temperature=1.0, top_k=3, max_new_tokens=3)
+    settings = replace(SAMPLING, temperature=1.0, top_k=3, max_new_tokens=3)
     prompt = [173, 238, 48, 35, 124] if drafter_kind == "hybrid" else [5, 40, 77]
     skip_drafter = SelfDrafter(model, make_skip_set([], [1], 2), DraftExit(2))
     drafter = {"self": skip_drafter, "two_model": ModelDrafter(perturbed_copy(model), DraftExit(2)),
@@ -271,7 +275,7 @@ def test_speculative_sampling_with_a_reduced_draft_vocabulary_is_exact():
     from selfspec.models.tiny import byte_tokenizer
 
     model = tiny_model("llama", num_layers=2, hidden_size=32, seed=3, init_std=0.3).double()
-    settings = SamplingSettings(temperature=1.0, top_k=3, max_new_tokens=3)
+    settings = replace(SAMPLING, temperature=1.0, top_k=3, max_new_tokens=3)
     head = make_draft_head(model, byte_tokenizer(), 40, calibration_texts())
     drafter = SelfDrafter(model, make_skip_set([], [], 2), DraftExit(2), head)
     exact = exact_pair_distribution(model, [5, 40, 77], settings)

@@ -4,6 +4,8 @@ No GPU here: the splits are CPU plus disk offload, which puts accelerate's hooks
 at each forward) in the path just as a GPU split does.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import run_settings
@@ -18,9 +20,10 @@ from selfspec.models.draft_head import make_draft_head
 from selfspec.models.kangaroo_adapter import new_adapter
 from selfspec.models.loading import load_model
 from selfspec.models.tiny import byte_tokenizer, tiny_model
-from selfspec.settings import ModelSettings, SamplingSettings, make_skip_set, typed
+from selfspec.settings import ModelSettings, default_settings, make_skip_set, typed
 
-GREEDY = SamplingSettings(max_new_tokens=32)
+SAMPLING = default_settings().sampling  # the config's: greedy, 128 new tokens
+GREEDY = replace(SAMPLING, max_new_tokens=32)
 LAYERS = 6
 # Layers 1, 2 and 4 and the output layer live on "disk": meta tensors, loaded by their hooks at each forward.
 OFFLOADED = {"model.embed_tokens": "cpu", "model.rotary_emb": "cpu", "model.norm": "cpu", "lm_head": "disk",
@@ -32,7 +35,8 @@ SKIPS = [make_skip_set([2], [2], LAYERS),  # a whole offloaded layer swapped out
 
 def settings(**overrides) -> ModelSettings:
     return typed(ModelSettings, dict(name="m", source="tiny", family="llama", num_layers=LAYERS, hidden_size=64,
-                                     sliding_window=16, seed=0, dtype="float32", device="cpu") | overrides, "model")
+                                     sliding_window=16, seed=0, dtype="float32", device="cpu",
+                                     packed_linears=True) | overrides, "model")
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +126,7 @@ def test_bfloat16_stays_bfloat16_through_drafting_and_verification(one_thread, p
     monkeypatch.setattr("selfspec.models.draft_head.output_logits", spy)
     head = make_draft_head(model, byte_tokenizer(), 64, calibration_texts())
     assert head.weight.dtype == torch.bfloat16
-    for sampling in (GREEDY, SamplingSettings(temperature=1.0, max_new_tokens=32)):
+    for sampling in (GREEDY, replace(SAMPLING, temperature=1.0, max_new_tokens=32)):
         result, drafter = self_spec(model, prompt, make_skip_set([2], [3], LAYERS), head, sampling)
         assert len(result.new_tokens) == 32 and sum(step.drafted for step in result.steps) > 0
         cache = drafter.context.cache

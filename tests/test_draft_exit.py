@@ -3,12 +3,16 @@ import pytest
 from selfspec.decoding.costs import DraftCosts
 from selfspec.decoding.draft_exit import AdaptiveExit, CostAwareExit, DraftExit, ThresholdExit
 from selfspec.errors import SelfspecError
+from selfspec.settings import default_settings
+
+ADAPTIVE = default_settings().draft.adaptive_options  # the config's adaptive rule (conf/draft/adaptive.yaml)
 
 
 def test_adaptive_rule_follows_a_hand_worked_sequence():
     """beta1 0.5, alpha 0.9, eps 0.01, beta2 0.9, gamma0 0.8, max_tokens 4; worked out by hand:
     (drafted, accepted) -> running acceptance m -> candidate -> threshold."""
-    policy = AdaptiveExit(max_tokens=4, initial_threshold=0.8)
+    policy = AdaptiveExit(max_tokens=4, initial_threshold=0.8, beta1=0.5, target_acceptance=0.9, epsilon=0.01,
+                          beta2=0.9)
     sequence = [  # drafted, accepted, m, threshold
         (4, 4, 0.5, 0.801),  # m < alpha: candidate 0.81
         (4, 4, 0.75, 0.802),  # m < alpha: candidate 0.811
@@ -79,7 +83,7 @@ def test_cost_aware_policy_carries_what_drafting_taught_into_the_next_generation
     policy.update(1, 0)
     policy.update(1, 0)
     assert policy.acceptance < 0.5  # two rejected copies of a text unlike the last are enough
-    adaptive = AdaptiveExit(4, 0.8)
+    adaptive = AdaptiveExit(4, 0.8, **ADAPTIVE)
     adaptive.update(4, 0)
     threshold = adaptive.threshold
     adaptive.begin()
@@ -126,7 +130,7 @@ def test_cost_aware_policy_learns_which_confidences_verification_accepts():
 @pytest.mark.parametrize("make,message", [
     (lambda: ThresholdExit(4, 1.2), "threshold=1.2 is outside [0, 1]"),
     (lambda: ThresholdExit(4, -0.1), "threshold=-0.1 is outside [0, 1]"),
-    (lambda: AdaptiveExit(4, 0.8, beta2=2.0), "beta2=2.0 is outside [0, 1]"),
+    (lambda: AdaptiveExit(4, 0.8, **{**ADAPTIVE, "beta2": 2.0}), "beta2=2.0 is outside [0, 1]"),
     (lambda: DraftExit(0), "max_tokens=0 must be >= 1"),
     (lambda: CostAwareExit(4, costs=DraftCosts((10.0,), 1.0)), "the cost-aware draft exit needs c(q) for q = 1 and 2 at least"),
     (lambda: CostAwareExit(4, costs=DraftCosts((10.0, 12.0), 1.0), decay=1.0), "decay=1.0 must be in (0, 1)"),

@@ -2,7 +2,7 @@
 
 from dataclasses import replace
 
-from selfspec.api.decoder import DEFAULT_DRAFT
+from selfspec.api.decoder import DEFAULT_DRAFT, DEFAULT_SAMPLING
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.drafters import GenerationContext, KangarooDrafter, ModelDrafter, NgramDrafter
 from selfspec.decoding.speculative import generate
@@ -11,9 +11,9 @@ from selfspec.models.cache import new_cache
 from selfspec.models.kangaroo_adapter import new_adapter
 from selfspec.models.loading import load_model, model_end_ids
 from selfspec.models.tiny import byte_tokenizer, tiny_model
-from selfspec.settings import ModelSettings, SamplingSettings, make_skip_set
+from selfspec.settings import ModelSettings, make_skip_set
 
-GREEDY = SamplingSettings(max_new_tokens=42)
+GREEDY = replace(DEFAULT_SAMPLING, max_new_tokens=42)
 DRAFT = replace(DEFAULT_DRAFT, policy="fixed", max_tokens=6, ngram_tokens=8)
 
 
@@ -38,7 +38,8 @@ def test_a_checkpoint_whose_generation_config_lists_two_end_ids_loads_both(tmp_p
     model.generation_config.eos_token_id = [2, 106]  # Gemma instruct: <eos> and <end_of_turn>
     model.save_pretrained(tmp_path)
     byte_tokenizer().save_pretrained(tmp_path)
-    loaded = load_model(ModelSettings(name="m", source="hub", path=str(tmp_path), dtype="float32", device="cpu"))
+    loaded = load_model(ModelSettings(name="m", source="hub", path=str(tmp_path), dtype="float32", device="cpu",
+                                       packed_linears=True))
     assert loaded.end_ids == (2, 106)
 
 
@@ -58,7 +59,7 @@ def test_every_strategy_stops_at_the_first_of_either_end_id(prompt):
 def test_drafts_end_at_the_first_of_either_end_id(tiny, prompt):
     """A draft by the full model itself is the plain continuation; a copy repeats the context: both must stop after
     the first end id in them, whichever id it is."""
-    continuation = generate(tiny, prompt, SamplingSettings(max_new_tokens=11)).new_tokens
+    continuation = generate(tiny, prompt, replace(DEFAULT_SAMPLING, max_new_tokens=11)).new_tokens
     region = continuation[1:]  # what a full-model draft after prompt + continuation[0] proposes
     end_ids = (region[7], region[3])
     first = min(region.index(i) for i in end_ids)

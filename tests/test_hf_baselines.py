@@ -1,6 +1,7 @@
 """HF generate baselines: greedy equals our plain decoding, honest step records, seeded sampling, memory probe."""
 
 import copy
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,10 +14,11 @@ from selfspec.errors import SelfspecError
 from selfspec.evaluation.evaluate import measure_peak_memory
 from selfspec.models.loading import load_model
 from selfspec.models.tiny import tiny_model
-from selfspec.settings import SamplingSettings, make_skip_set
+from selfspec.settings import default_settings, make_skip_set
 
-GREEDY = SamplingSettings(max_new_tokens=40)
-SAMPLE = SamplingSettings(temperature=0.8, top_k=50, top_p=0.95, max_new_tokens=30)
+SAMPLING = default_settings().sampling  # the config's: greedy, 128 new tokens
+GREEDY = replace(SAMPLING, max_new_tokens=40)
+SAMPLE = replace(SAMPLING, temperature=0.8, top_k=50, top_p=0.95, max_new_tokens=30)
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +105,7 @@ def test_self_speculation_holds_no_second_copy_of_the_weights(tokenizer):
     model = tiny_model("llama", num_layers=4, hidden_size=512)  # ~39 MB of float32 weights
     weights_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     ids = tokenizer("def fibonacci(n):\n    ").input_ids
-    settings = SamplingSettings(max_new_tokens=24)
+    settings = replace(SAMPLING, max_new_tokens=24)
     self_spec = make_strategy("self_spec_fixed", model, settings, (), make_skip_set([1], [2], 4),
                               run_settings("draft=fixed", "draft.max_tokens=4").draft)
     self_spec.generate(ids)  # warm-up: lazy allocations that later runs reuse
@@ -119,7 +121,7 @@ def test_smollm2_early_exit_drafts_and_matches_plain():
     loaded = load_model(run_settings("model=smollm2").model)
     model, end_ids = loaded.model, loaded.end_ids
     ids = encode_prompt(loaded.tokenizer, load_prompts("humaneval", limit=1)[0])
-    settings = SamplingSettings(max_new_tokens=24)
+    settings = replace(SAMPLING, max_new_tokens=24)
     plain = Strategy("plain", model, settings, end_ids).generate(ids).new_tokens
     for k in (1, 3):
         result = make_hf_strategy("hf_early_exit", model, settings, end_ids, early_exit_layer=28,

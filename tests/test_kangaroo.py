@@ -2,6 +2,7 @@
 
 import json
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,12 +16,15 @@ from selfspec.models.kangaroo_adapter import check_exit_layer, load_adapter, new
 from selfspec.models.output_layer import model_logits
 from selfspec.models.skip import decoder_layers
 from selfspec.models.tiny import tiny_model
-from selfspec.settings import SamplingSettings
-from selfspec.training.kangaroo import TrainSettings, collect, train_adapter
+from selfspec.settings import default_settings
+from selfspec.training.kangaroo import collect, train_adapter
 
 from helpers import chi_square_pvalue, exact_pair_distribution, run_py
 
-GREEDY = SamplingSettings(max_new_tokens=60)
+SAMPLING = default_settings().sampling  # the config's: greedy, 128 new tokens
+TRAIN = default_settings().kangaroo.train  # the config's kangaroo.train
+ADAPTIVE = default_settings().draft.adaptive_options  # the config's adaptive rule (conf/draft/adaptive.yaml)
+GREEDY = replace(SAMPLING, max_new_tokens=60)
 TEXTS = ["def add(a, b):\n    return", "Hello there, how are", "import numpy as np\nx = np.",
          "class Stack:\n    def push", "The quick brown fox jumps", "for i in range(10):\n    print"]
 
@@ -48,7 +52,7 @@ def test_kangaroo_greedy_equals_plain_for_exit_layers_and_policies(tiny, prompt)
     plain = generate(tiny, prompt, GREEDY).new_tokens
     rng = random.Random(0)
     policies = [DraftExit(rng.randint(1, 8)), ThresholdExit(rng.randint(1, 8), rng.random()),
-                AdaptiveExit(rng.randint(1, 12), rng.random()), DraftExit(rng.randint(1, 8))]
+                AdaptiveExit(rng.randint(1, 12), rng.random(), **ADAPTIVE), DraftExit(rng.randint(1, 8))]
     for exit_layer, policy in zip((1, 2, 4, 5), policies):
         drafter = KangarooDrafter(tiny, noisy_adapter(tiny, exit_layer, seed=exit_layer), exit_layer, policy)
         result = generate(tiny, prompt, GREEDY, drafter)
@@ -59,11 +63,11 @@ def test_kangaroo_greedy_equals_plain_for_exit_layers_and_policies(tiny, prompt)
 def test_the_hook_goes_away_when_another_generation_runs(tiny, prompt):
     drafter = KangarooDrafter(tiny, noisy_adapter(tiny, 3), 3, DraftExit(3))
     layer = decoder_layers(tiny)[2]
-    generate(tiny, prompt, SamplingSettings(max_new_tokens=8), drafter)
+    generate(tiny, prompt, replace(SAMPLING, max_new_tokens=8), drafter)
     assert len(layer._forward_hooks) == 1
-    plain = generate(tiny, prompt, SamplingSettings(max_new_tokens=8))  # another cache: the hook removes itself
+    plain = generate(tiny, prompt, replace(SAMPLING, max_new_tokens=8))  # another cache: the hook removes itself
     assert len(layer._forward_hooks) == 0 and drafter.cache is None
-    again = generate(tiny, prompt, SamplingSettings(max_new_tokens=8), drafter)
+    again = generate(tiny, prompt, replace(SAMPLING, max_new_tokens=8), drafter)
     assert again.new_tokens == plain.new_tokens
 
 
@@ -71,7 +75,7 @@ def test_the_hook_goes_away_when_another_generation_runs(tiny, prompt):
 def test_kangaroo_sampling_matches_the_full_models_distribution():
     """As test_speculative_sampling_matches_the_full_models_distribution, with a noisy adapter after layer 0."""
     model = tiny_model("llama", num_layers=2, hidden_size=32, seed=3, init_std=0.3).double()
-    settings = SamplingSettings(temperature=1.0, top_k=3, max_new_tokens=3)
+    settings = replace(SAMPLING, temperature=1.0, top_k=3, max_new_tokens=3)
     prompt = [5, 40, 77]
     drafter = KangarooDrafter(model, noisy_adapter(model, 1), 1, DraftExit(2))
     exact = exact_pair_distribution(model, prompt, settings)
@@ -106,7 +110,7 @@ def collected(model, tokenizer, tmp_path):
 def test_training_lowers_the_validation_loss(tiny, tokenizer, tmp_path):
     seqs = collected(tiny, tokenizer, tmp_path)
     assert [len(s.tokens) for s in seqs] == [len(tokenizer(t).input_ids) + 24 for t in TEXTS]
-    history = train_adapter(tiny, 2, seqs, TrainSettings(epochs=3, lr=3e-3, val_fraction=0.34), tmp_path)
+    history = train_adapter(tiny, 2, seqs, replace(TRAIN, epochs=3, lr=3e-3, val_fraction=0.34), tmp_path)
     assert [h["epoch"] for h in history] == [0, 1, 2, 3]
     assert history[-1]["val_loss"] < history[0]["val_loss"]
     saved = torch.load(tmp_path / "adapter.pt", weights_only=True)
@@ -116,12 +120,12 @@ def test_training_lowers_the_validation_loss(tiny, tokenizer, tmp_path):
 def test_resumed_training_continues_where_it_stopped(tokenizer, tmp_path):
     """2 epochs, then a rerun asking for 4, ends exactly where 4 epochs in one go end (adapter, optimizer)."""
     model = tiny_model("llama", num_layers=4, hidden_size=32).double()
-    settings = TrainSettings(epochs=4, lr=3e-3, val_fraction=0.34)
+    settings = replace(TRAIN, epochs=4, lr=3e-3, val_fraction=0.34)
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     straight.mkdir(), stopped.mkdir()
     seqs = collected(model, tokenizer, tmp_path)
     full = train_adapter(model, 2, seqs, settings, straight)
-    first = train_adapter(model, 2, seqs, TrainSettings(epochs=2, lr=3e-3, val_fraction=0.34), stopped)
+    first = train_adapter(model, 2, seqs, replace(TRAIN, epochs=2, lr=3e-3, val_fraction=0.34), stopped)
     resumed = train_adapter(model, 2, seqs, settings, stopped)
     assert resumed[:3] == first and resumed == full
     a, b = (torch.load(d / "checkpoint.pt", weights_only=True) for d in (straight, stopped))

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from selfspec.api.decoder import DEFAULT_DRAFT
+from selfspec.api.decoder import DEFAULT_DRAFT, DEFAULT_SAMPLING
 from selfspec.data.conversation import answer_text, check_multi_turn
 from selfspec.data.prompt_sets import Prompt, encode_prompt
 from selfspec.decoding.strategies import Strategy, make_strategy
@@ -15,7 +15,7 @@ from selfspec.evaluation.evaluate import evaluate
 from selfspec.evaluation.spec_bench import write_answers
 from selfspec.models.tiny import tiny_model
 from selfspec.records.prompt_records import read_records
-from selfspec.settings import SamplingSettings, SkipSet
+from selfspec.settings import SkipSet
 
 EOS = (2,)
 PROMPTS = [Prompt("81", "writing", ("Write a poem about rain.", "Now make it shorter."), chat=True),
@@ -24,11 +24,11 @@ PROMPTS = [Prompt("81", "writing", ("Write a poem about rain.", "Now make it sho
 
 def tiny_strategies(model, max_new_tokens=12):
     """plain, a self-speculative strategy and `short` (plain decoding with fewer tokens: an answer of its own)."""
-    sampling = SamplingSettings(max_new_tokens=max_new_tokens)
+    sampling = replace(DEFAULT_SAMPLING, max_new_tokens=max_new_tokens)
     draft = replace(DEFAULT_DRAFT, policy="fixed", max_tokens=3, ngram_tokens=10)
     return [Strategy("plain", model, sampling, EOS),
             make_strategy("self_spec_fixed", model, sampling, EOS, SkipSet(attn=(2,), mlp=(3,)), draft),
-            Strategy("short", model, SamplingSettings(max_new_tokens=5), EOS)]
+            Strategy("short", model, replace(DEFAULT_SAMPLING, max_new_tokens=5), EOS)]
 
 
 @pytest.fixture(scope="module")

@@ -1,6 +1,8 @@
 """Packed decoder linears (models/packed_linear.py): same math as nn.Linear, swapped in at load where they apply,
 and decoding over them stays lossless."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch import nn
@@ -11,7 +13,7 @@ from selfspec.models.loading import load_model
 from selfspec.models.packed_linear import PackedLinear, pack_linears
 from selfspec.models.skip import decoder_layers
 from selfspec.models.tiny import tiny_model
-from selfspec.settings import SamplingSettings, SkipSet
+from selfspec.settings import SkipSet, default_settings
 
 from conftest import run_settings
 from helpers import cfg, hf_greedy
@@ -77,6 +79,6 @@ def test_greedy_decoding_over_packed_linears_equals_hf_generate_on_the_same_mode
     model = tiny_model("llama", num_layers=6)  # float32: packing applies
     assert pack_linears(model) == 6 * 7
     draft = run_settings("model=tiny_llama", "draft.max_tokens=4").draft
-    strategy = make_strategy(name, model, SamplingSettings(max_new_tokens=40), (), SkipSet(attn=(1, 3), mlp=(2,)),
-                             draft)
+    sampling = replace(default_settings().sampling, max_new_tokens=40)
+    strategy = make_strategy(name, model, sampling, (), SkipSet(attn=(1, 3), mlp=(2,)), draft)
     assert strategy.generate(prompt).new_tokens == hf_greedy(model, prompt, 40)

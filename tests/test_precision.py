@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from selfspec import timing
-from selfspec.api.decoder import DEFAULT_DRAFT
+from selfspec.api.decoder import DEFAULT_DRAFT, DEFAULT_SAMPLING
 from selfspec.data.prompt_sets import encode_prompt, load_prompts
 from selfspec.decoding.strategies import make_strategy
 from selfspec.evaluation.evaluate import evaluate
 from selfspec.models.tiny import tiny_model
 from selfspec.records.prompt_records import first_difference, read_records
-from selfspec.settings import SamplingSettings, SkipSet
+from selfspec.settings import SkipSet
 
 PACKAGE = Path(__file__).resolve().parents[1] / "selfspec"
 
@@ -30,7 +30,7 @@ def test_first_difference_is_where_two_outputs_part():
 def test_bfloat16_runs_measure_the_match_fraction_and_where_outputs_part(tmp_path, tokenizer):
     # wide enough that a multi-token verify rounds differently from one-token steps (here: 1 of 3 prompts parts)
     model = tiny_model("llama", num_layers=4, hidden_size=256, init_std=0.05).to(torch.bfloat16)
-    sampling = SamplingSettings(max_new_tokens=20)
+    sampling = replace(DEFAULT_SAMPLING, max_new_tokens=20)
     draft = replace(DEFAULT_DRAFT, policy="fixed", max_tokens=4, ngram_tokens=10)
     strategies = [make_strategy(name, model, sampling, (2,), SkipSet(attn=(1,), mlp=(2,)), draft)
                   for name in ("plain", "self_spec_fixed")]

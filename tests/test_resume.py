@@ -10,14 +10,14 @@ from dataclasses import replace
 
 import pytest
 
-from selfspec.api.decoder import DEFAULT_DRAFT
+from selfspec.api.decoder import DEFAULT_DRAFT, DEFAULT_SAMPLING
 from selfspec.data.prompt_sets import encode_prompt, load_prompts
 from selfspec.decoding.strategies import make_strategy
 from selfspec.evaluation import summarize as summarize_cli
 from selfspec.evaluation.evaluate import evaluate
 from selfspec.models.tiny import tiny_model
 from selfspec.records.prompt_records import WrittenRecord, first_difference, read_records, summarize
-from selfspec.settings import SamplingSettings, SkipSet
+from selfspec.settings import SkipSet
 
 from helpers import run_py
 
@@ -26,7 +26,7 @@ TIMES = {"elapsed_s", "tokens_per_s", "speedup", "peak_mem_mb", "median_prompt_s
 
 def strategies(model):
     """plain, and two drafters whose state runs on from prompt to prompt (adaptive exit; hybrid routes updates)."""
-    sampling = SamplingSettings(max_new_tokens=12)
+    sampling = replace(DEFAULT_SAMPLING, max_new_tokens=12)
     draft = replace(DEFAULT_DRAFT, policy="adaptive", max_tokens=4, ngram_tokens=10, hybrid_policy=None)  # adaptive: its
     # state replays exactly; the cost-aware exit follows measured times, so its draft counts differ run to run
     skip = SkipSet(attn=(2, 4), mlp=(3,))

@@ -1,10 +1,13 @@
+from dataclasses import replace
+
 import pytest
 import torch
 
 from selfspec.decoding.sampling import accept_probability, history_ids, logits_processor, residual, scores
 from selfspec.errors import SelfspecError
-from selfspec.settings import SamplingSettings
+from selfspec.settings import default_settings
 
+SAMPLING = default_settings().sampling  # the config's: greedy, 128 new tokens
 LOGITS = torch.tensor([[2.0, 1.0, 0.0, -1.0]])  # softmax: 0.6439, 0.2369, 0.0871, 0.0321
 
 
@@ -14,25 +17,25 @@ def probs(settings, logits=LOGITS, tokens=(0,)):
 
 def test_temperature_divides_logits():
     expected = torch.softmax(LOGITS / 0.5, dim=-1)
-    torch.testing.assert_close(probs(SamplingSettings(temperature=0.5)), expected)
+    torch.testing.assert_close(probs(replace(SAMPLING, temperature=0.5)), expected)
 
 
 def test_top_k_keeps_the_k_largest():
     e = torch.exp(torch.tensor([2.0, 1.0]))
     expected = torch.tensor([[e[0] / e.sum(), e[1] / e.sum(), 0, 0]])
-    torch.testing.assert_close(probs(SamplingSettings(temperature=1.0, top_k=2)), expected)
+    torch.testing.assert_close(probs(replace(SAMPLING, temperature=1.0, top_k=2)), expected)
 
 
 def test_top_p_keeps_the_smallest_set_reaching_p():
     # 0.644 < 0.8 <= 0.644 + 0.237: the two largest tokens stay
-    kept = probs(SamplingSettings(temperature=1.0, top_p=0.8))
+    kept = probs(replace(SAMPLING, temperature=1.0, top_p=0.8))
     assert (kept[0, 2:] == 0).all() and torch.isclose(kept[0, :2].sum(), torch.tensor(1.0))
-    kept = probs(SamplingSettings(temperature=1.0, top_p=0.5))
+    kept = probs(replace(SAMPLING, temperature=1.0, top_p=0.5))
     torch.testing.assert_close(kept, torch.tensor([[1.0, 0, 0, 0]]))
 
 
 def test_repetition_penalty_uses_each_rows_own_history():
-    settings = SamplingSettings(repetition_penalty=2.0)
+    settings = replace(SAMPLING, repetition_penalty=2.0)
     logits = torch.tensor([[2.0, 1.0, 0.0, -1.0], [2.0, 1.0, 0.0, -1.0]])
     out = scores(logits, [3, 0], 1, logits_processor(settings))  # row 0 saw [3], row 1 saw [3, 0]
     torch.testing.assert_close(out, torch.tensor([[2.0, 1.0, 0.0, -2.0], [1.0, 1.0, 0.0, -2.0]]))
@@ -44,7 +47,7 @@ def test_history_ids_pads_with_a_repeat():
 
 
 def test_greedy_applies_no_warpers():
-    assert len(logits_processor(SamplingSettings(temperature=0.0, top_k=5, top_p=0.5))) == 0
+    assert len(logits_processor(replace(SAMPLING, temperature=0.0, top_k=5, top_p=0.5))) == 0
 
 
 def test_accept_then_resample_from_the_residual_yields_exactly_p():
@@ -69,7 +72,7 @@ def test_accept_then_resample_from_the_residual_yields_exactly_p():
                                          ({"repetition_penalty": 0.0}, "repetition_penalty")])
 def test_bad_sampling_settings(kwargs, name):
     with pytest.raises(SelfspecError, match=f"^{name}="):
-        SamplingSettings(**kwargs)
+        replace(SAMPLING, **kwargs)
 
 
 @pytest.mark.parametrize("top_k,top_p", [(50, 0.9), (5, 0.5), (1, 0.9), (40, 0.99)])
@@ -87,7 +90,7 @@ def test_top_p_within_top_k_equals_transformers_top_k_then_top_p(top_k, top_p):
     logits[4] = logits[4].round()  # many ties everywhere
     reference = LogitsProcessorList([TopKLogitsWarper(top_k), TopPLogitsWarper(top_p)])
     ids = torch.zeros(6, 1, dtype=torch.long)
-    ours = logits_processor(SamplingSettings(temperature=1.0, top_k=top_k, top_p=top_p))(ids, logits.clone())
+    ours = logits_processor(replace(SAMPLING, temperature=1.0, top_k=top_k, top_p=top_p))(ids, logits.clone())
     theirs = reference(ids, logits.clone())
     for row in (0, 3, 5):
         assert torch.equal(ours[row], theirs[row])

@@ -247,7 +247,7 @@ def test_cost_model_study_with_early_exit_and_draft_vocabulary_feeds_self_spec_s
 
 
 def test_fail_dead_trials_marks_only_trials_of_dead_local_workers(tmp_path):
-    storage, _ = open_storage(None, tmp_path)
+    storage, _ = open_storage(settings().search, tmp_path)
     study = open_study(storage, "journal", "s", "acceptance", "tiny", 6, optuna.pruners.NopPruner())
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -261,7 +261,7 @@ def test_fail_dead_trials_marks_only_trials_of_dead_local_workers(tmp_path):
 
 
 def test_a_study_is_tied_to_its_model(tmp_path):
-    storage, _ = open_storage(str(tmp_path / "j.log"), tmp_path)
+    storage, _ = open_storage(dataclasses.replace(settings().search, storage=str(tmp_path / "j.log")), tmp_path)
     open_study(storage, "j.log", "s", "acceptance", "tiny_llama", 6, None)
     with pytest.raises(SelfspecError, match="num_layers"):
         open_study(storage, "j.log", "s", "acceptance", "tiny_llama", 8, None)

@@ -13,6 +13,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -21,6 +22,7 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
+from conftest import run_settings
 from selfspec.errors import SelfspecError
 from selfspec.records.prompt_records import read_jsonl
 from selfspec.search.objective import choose_best
@@ -32,6 +34,7 @@ WORKER = ["search=optuna", "model=tiny_llama", "logger=none", "data=chat", "data
           "warmup=false", "search.data.limit=4", "search.max_new_tokens=12", "search.study_name=shared",
           "search.heartbeat_interval=1", "search.grace_period=2"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
+SEARCH = run_settings("search=optuna").search  # the config's search settings
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +140,8 @@ def test_three_workers_share_a_postgresql_study_and_a_killed_workers_trial_is_re
 
 def test_a_dead_local_workers_trial_is_failed_and_queued_again_in_postgresql(database, tmp_path):
     with quiet_optuna():
-        storage, _ = open_storage(database, tmp_path, heartbeat_interval=1, grace_period=2, max_retry=1)
+        storage, _ = open_storage(replace(SEARCH, storage=database, heartbeat_interval=1, grace_period=2,
+                                               max_retry=1), tmp_path)
         study = open_study(storage, database, "shared", "acceptance", "tiny", 6, optuna.pruners.NopPruner())
         dead = subprocess.Popen(["true"])
         dead.wait()
@@ -152,17 +156,17 @@ def test_a_dead_local_workers_trial_is_failed_and_queued_again_in_postgresql(dat
 def test_an_rdb_url_without_a_server_or_a_driver_is_one_line(tmp_path):
     with quiet_optuna(), pytest.raises(SelfspecError, match=r"^search.storage='postgresql://nobody@/none\?host=/no/"
                                                             r"such/dir' cannot be opened: OperationalError") as error:
-        open_storage("postgresql://nobody@/none?host=/no/such/dir", tmp_path)
+        open_storage(replace(SEARCH, storage="postgresql://nobody@/none?host=/no/such/dir"), tmp_path)
     assert "\n" not in str(error.value)
     with quiet_optuna(), pytest.raises(SelfspecError, match=r"^search.storage='mysql://u@h/db' cannot be opened: no "
                                                             r"database driver: "):
-        open_storage("mysql://u@h/db", tmp_path)
+        open_storage(replace(SEARCH, storage="mysql://u@h/db"), tmp_path)
 
 
 @pytest.mark.slow
 def test_optuna_dashboard_serves_a_postgresql_study(database, tmp_path):
     with quiet_optuna():
-        storage, _ = open_storage(database, tmp_path)
+        storage, _ = open_storage(replace(SEARCH, storage=database), tmp_path)
         study = open_study(storage, database, "shared", "acceptance", "tiny", 6, optuna.pruners.NopPruner())
         for value in (1.5, 2.5):
             study.add_trial(optuna.trial.create_trial(value=value))

@@ -1,5 +1,7 @@
 """The embedded SmolLM2-135M-Instruct (fp32): plain greedy equals HF generate, self-speculation equals plain."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import run_settings
@@ -9,10 +11,10 @@ from selfspec.decoding.draft_exit import AdaptiveExit, DraftExit
 from selfspec.decoding.drafters import SelfDrafter
 from selfspec.decoding.speculative import generate
 from selfspec.models.loading import load_model
-from selfspec.settings import SamplingSettings, make_skip_set
+from selfspec.settings import default_settings, make_skip_set
 
 pytestmark = pytest.mark.slow
-SETTINGS = SamplingSettings(max_new_tokens=48)
+SETTINGS = replace(default_settings().sampling, max_new_tokens=48)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,7 @@ def test_plain_greedy_equals_hf_generate(smollm2, prompts):
 
 
 @pytest.mark.parametrize("attn,mlp,policy", [
-    ([3, 4, 5, 6, 7, 8, 26, 28], [], AdaptiveExit(12, 0.8)),
+    ([3, 4, 5, 6, 7, 8, 26, 28], [], AdaptiveExit(12, 0.8, **default_settings().draft.adaptive_options)),
     ([10, 12, 14, 16, 18, 20], [10, 12, 14, 16, 18, 20], DraftExit(4)),
 ])
 def test_self_speculative_greedy_equals_plain(smollm2, prompts, attn, mlp, policy):

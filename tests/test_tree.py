@@ -1,6 +1,7 @@
 """Token trees: masks, greedy losslessness over random trees and the tree drafters, the cache after a tree step."""
 
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -16,11 +17,12 @@ from selfspec.decoding.tree import forward_tree, tree_attention_mask
 from selfspec.errors import SelfspecError
 from selfspec.models.cache import forward, new_cache
 from selfspec.models.tiny import tiny_model
-from selfspec.settings import SamplingSettings, SkipSet, make_skip_set
+from selfspec.settings import SkipSet, default_settings, make_skip_set
 
 from conftest import run_settings
 from helpers import assert_cache_holds, hf_greedy
 
+SAMPLING = default_settings().sampling  # the config's: greedy, 128 new tokens
 WINDOW = 8  # sliding window of the tiny Gemma models: shorter than every test sequence
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -98,7 +100,7 @@ def test_a_chain_shaped_tree_gives_the_chain_forwards_logits_past_the_sliding_wi
 
 
 def plain_output(model, prompt, n=30):
-    return generate(model, prompt, SamplingSettings(max_new_tokens=n)).new_tokens
+    return generate(model, prompt, replace(SAMPLING, max_new_tokens=n)).new_tokens
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +112,7 @@ def plain(model, tokenizer):
 def test_random_trees_keep_greedy_output_and_accept_deep_and_later_branches(model, prompt, plain):
     assert plain == hf_greedy(model, prompt, 30)  # our plain loop is the reference, past the sliding window too
     for seed in range(2):
-        result = generate(model, prompt, SamplingSettings(max_new_tokens=30),
+        result = generate(model, prompt, replace(SAMPLING, max_new_tokens=30),
                           RandomTreeDrafter(prompt + plain, seed))
         assert result.new_tokens == plain, seed
         assert max(s.accepted for s in result.steps) >= 2
@@ -123,7 +125,7 @@ def test_eos_inside_a_branch_ends_the_output_there(model, prompt, plain):
     cut_inside = 0
     for seed in range(3):
         drafter = RandomTreeDrafter(prompt + plain, seed, p_true=0.9)
-        result = generate(model, prompt, SamplingSettings(max_new_tokens=30), drafter, end_ids=(eos,))
+        result = generate(model, prompt, replace(SAMPLING, max_new_tokens=30), drafter, end_ids=(eos,))
         assert result.new_tokens == expected
         cut_inside += result.steps[-1].accepted >= result.steps[-1].emitted  # accepted drafts after EOS dropped
     assert cut_inside > 0
@@ -133,7 +135,7 @@ def test_max_new_tokens_cuts_a_branch_that_runs_past_it(model, prompt, plain):
     cut_inside = 0
     for n in (1, 3, 7):
         for seed in range(2):
-            settings = SamplingSettings(max_new_tokens=n)
+            settings = replace(SAMPLING, max_new_tokens=n)
             for obey_depth in (False, True):
                 drafter = RandomTreeDrafter(prompt + plain, seed, obey_depth=obey_depth, p_true=0.9)
                 result = generate(model, prompt, settings, drafter)
@@ -143,7 +145,7 @@ def test_max_new_tokens_cuts_a_branch_that_runs_past_it(model, prompt, plain):
 
 
 def test_cache_after_every_tree_step_equals_plain_decodings_cache(model, prompt, plain):
-    context = GenerationContext(new_cache(model, 80), SamplingSettings(max_new_tokens=30))
+    context = GenerationContext(new_cache(model, 80), replace(SAMPLING, max_new_tokens=30))
     drafter = RandomTreeDrafter(prompt + plain, 0)
     drafter.begin(context)
     tokens = prompt + [prefill(model, context, prompt)[0]]
@@ -157,8 +159,8 @@ def test_cache_after_every_tree_step_equals_plain_decodings_cache(model, prompt,
 def test_tree_drafters_keep_greedy_output_for_several_skip_sets(model, tokenizer):
     prompt = tokenizer("def fib(n):\n    return fib(n - 1) + fib(n - 2)\n\ndef fib").input_ids  # repeats to copy
     rng = random.Random(2)
-    for settings, configs in ((SamplingSettings(max_new_tokens=20), 2),
-                              (SamplingSettings(max_new_tokens=20, repetition_penalty=1.3), 1)):
+    for settings, configs in ((replace(SAMPLING, max_new_tokens=20), 2),
+                              (replace(SAMPLING, max_new_tokens=20, repetition_penalty=1.3), 1)):
         plain = generate(model, prompt, settings).new_tokens
         for _ in range(configs):
             skip = make_skip_set(rng.sample(range(4), rng.randint(0, 2)), rng.sample(range(4), rng.randint(1, 2)), 4)
@@ -174,7 +176,7 @@ def test_tree_drafters_keep_greedy_output_for_several_skip_sets(model, tokenizer
 def test_layer_skip_tree_branches_only_where_the_draft_is_unsure(prompt):
     model = tiny_model("llama", num_layers=4).double()
     skip = make_skip_set([1], [2], 4)
-    context = GenerationContext(new_cache(model, 64), SamplingSettings(max_new_tokens=30))
+    context = GenerationContext(new_cache(model, 64), replace(SAMPLING, max_new_tokens=30))
     tokens = prompt + [prefill(model, context, prompt)[0]]
     chain = SelfDrafter(model, skip, DraftExit(4))
     never = SelfTreeDrafter(model, skip, DraftExit(4), nodes=12, depth=4, width=3, branch_below=0.0)
@@ -215,7 +217,7 @@ def test_tree_strategies_and_settings(prompt):
     settings = run_settings("draft.tree_nodes=5", "draft.tree_depth=3")
     plain = plain_output(model, prompt, 20)
     for name in ("prompt_lookup_tree", "self_spec_tree"):
-        strategy = make_strategy(name, model, SamplingSettings(max_new_tokens=20), (), SkipSet((1,), (2,)),
+        strategy = make_strategy(name, model, replace(SAMPLING, max_new_tokens=20), (), SkipSet((1,), (2,)),
                                  settings.draft)
         result = strategy.generate(prompt)
         assert result.new_tokens == plain
@@ -240,7 +242,7 @@ def test_cost_shaped_ngram_trees_stop_adding_a_branch_kind_that_is_not_accepted(
     for fork_wins in (False, True):
         drafter = NgramTreeDrafter(model, 2, nodes=8, depth=5, width=3,
                                    exit_policy=CostAwareExit(5, costs=rising_costs()))
-        drafter.begin(GenerationContext(new_cache(model, 32), SamplingSettings()))
+        drafter.begin(GenerationContext(new_cache(model, 32), SAMPLING))
         had_fork = []
         for _ in range(20):
             draft = drafter.draft(tokens, 5)
@@ -264,7 +266,8 @@ def test_cost_shaped_trees_keep_greedy_output_under_random_costs(model, tokenize
     prompt = tokenizer("def fib(n):\n    return fib(n - 1) + fib(n - 2)\n\ndef fib").input_ids  # repeats to copy
     rng = random.Random(5)
     branched = set()
-    for settings in (SamplingSettings(max_new_tokens=40), SamplingSettings(max_new_tokens=24, repetition_penalty=1.3)):
+    for settings in (replace(SAMPLING, max_new_tokens=40),
+                     replace(SAMPLING, max_new_tokens=24, repetition_penalty=1.3)):
         plain = generate(model, prompt, settings).new_tokens
         for _ in range(2):
             verify_ms = (10.0, *(rng.uniform(9.0, 11.5) for _ in range(8)))  # c(q) ms, q = 1..9: dips and rises
@@ -287,7 +290,7 @@ def test_tree_strategies_take_the_hybrid_policy(prompt):
     for overrides, shaped in ((["draft.hybrid_policy=cost"], True), (["draft.hybrid_policy=null"], False),
                               (["draft=cost", "draft.hybrid_policy=null"], True)):
         draft = run_settings(*overrides).draft
-        lookup, hybrid = (make_strategy(name, model, SamplingSettings(max_new_tokens=8), (), SkipSet((1,), (2,)),
+        lookup, hybrid = (make_strategy(name, model, replace(SAMPLING, max_new_tokens=8), (), SkipSet((1,), (2,)),
                                         draft).drafter for name in ("prompt_lookup_tree", "self_spec_tree"))
         assert isinstance(lookup.exit_policy, CostAwareExit) == shaped
         assert isinstance(hybrid.ngram.exit_policy, CostAwareExit) == shaped

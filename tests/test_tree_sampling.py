@@ -1,6 +1,7 @@
 """Sampled token-tree verification (SpecInfer's multi-candidate rule) is distributed exactly as plain sampling."""
 
 from collections import defaultdict
+from dataclasses import replace
 from itertools import permutations
 
 import pytest
@@ -14,10 +15,11 @@ from selfspec.decoding.drafters.layer_skip_tree import branches
 from selfspec.decoding.speculative import generate
 from selfspec.decoding.tree import verify_tree_sampled
 from selfspec.models.tiny import tiny_model
-from selfspec.settings import SamplingSettings, make_skip_set
+from selfspec.settings import default_settings, make_skip_set
 
 from helpers import chi_square_pvalue, exact_pair_distribution
 
+SAMPLING = default_settings().sampling  # the config's: greedy, 128 new tokens
 V = 4  # vocabulary of the analytic test
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -134,7 +136,7 @@ def test_sampled_branches_are_distinct_with_the_renormalised_q_each_was_drawn_fr
 def tree_counts(drafter, prompt, n, seed):
     """Counts of (new token 2, new token 3), both decided by one tree step after the prefill's token; and the draft
     sources of the steps that branched (more nodes than their deepest branch)."""
-    settings = SamplingSettings(temperature=1.0, top_k=3, max_new_tokens=3)
+    settings = replace(SAMPLING, temperature=1.0, top_k=3, max_new_tokens=3)
     gen, counts, branched = torch.Generator().manual_seed(seed), defaultdict(int), set()
     for _ in range(n):
         result = generate(MODEL, prompt, settings, drafter, generator=gen)
@@ -164,7 +166,7 @@ def test_sampled_tree_verification_matches_plain_sampling_and_a_broken_rule_fail
                                 "hybrid_tree": (HybridDrafter(NgramTreeDrafter(MODEL, 2, 6, 2, 3), skip_tree),
                                                 COPY_PROMPT, {"model", "ngram"}),
                                 "cost_shaped_tree": (cost_tree, [5, 40, 77], {"model"})}[drafter_kind]
-    exact = exact_pair_distribution(MODEL, prompt, SamplingSettings(temperature=1.0, top_k=3, max_new_tokens=3))
+    exact = exact_pair_distribution(MODEL, prompt, replace(SAMPLING, temperature=1.0, top_k=3, max_new_tokens=3))
     counts, branched = tree_counts(drafter, prompt, 2000, seed=0)
     assert set(counts) <= set(exact) and branched == sources
     assert chi_square_pvalue(counts, exact) > 0.001

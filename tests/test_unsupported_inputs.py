@@ -6,16 +6,16 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, OPTConfig, OPTForCausalLM
 
-from selfspec.api.decoder import DEFAULT_DRAFT
+from selfspec.api.decoder import DEFAULT_DRAFT, DEFAULT_SAMPLING
 from selfspec.decoding.speculative import generate
 from selfspec.decoding.strategies import NAMES, make_strategy
 from selfspec.errors import SelfspecError
 from selfspec.models.loading import load_model
 from selfspec.models.skip import skipping
 from selfspec.models.tiny import byte_tokenizer
-from selfspec.settings import ModelSettings, SamplingSettings, SkipSet
+from selfspec.settings import ModelSettings, SkipSet
 
-GREEDY = SamplingSettings(max_new_tokens=8)
+GREEDY = replace(DEFAULT_SAMPLING, max_new_tokens=8)
 DRAFT = replace(DEFAULT_DRAFT, policy="fixed", max_tokens=4, ngram_tokens=4)
 SUPPORTED = "supported: Llama, Gemma-2, Gemma-3 (text)"
 
@@ -55,7 +55,8 @@ def test_a_checkpoint_of_another_layout_is_refused_at_load(tmp_path):
     gpt2().save_pretrained(tmp_path)
     byte_tokenizer().save_pretrained(tmp_path)
     with pytest.raises(SelfspecError) as err:
-        load_model(ModelSettings(name="m", source="hub", path=str(tmp_path), dtype="float32", device="cpu"))
+        load_model(ModelSettings(name="m", source="hub", path=str(tmp_path), dtype="float32", device="cpu",
+                                  packed_linears=True))
     one_line_naming_the_supported_families(err, "GPT2LMHeadModel")
 
 

@@ -26,12 +26,13 @@ from selfspec.models.draft_head import DraftHead, make_draft_head
 from selfspec.models.loading import model_end_ids
 from selfspec.models.skip import num_layers
 from selfspec.models.skip_config import resolve_skip
-from selfspec.settings import DraftSettings, KangarooSettings, SamplingSettings, SkipSet, SkipSettings, named
+from selfspec.settings import (DraftSettings, KangarooSettings, SamplingSettings, SkipSet, SkipSettings,
+                               default_settings, named)
 
-# The config's defaults (conf/draft/adaptive.yaml and the draft block of conf/config.yaml), for callers without one.
-DEFAULT_DRAFT = DraftSettings(policy="adaptive", max_tokens=12, beta1=0.5, target_acceptance=0.9, epsilon=0.01,
-                              beta2=0.9, ngram_size=2, ngram_tokens=10, tree_nodes=8, tree_depth=5, tree_width=3,
-                              tree_branch_below=0.6)
+# The config's defaults, as `python run.py` runs with no overrides (default_settings): the draft options (the adaptive
+# draft exit) and the sampling settings (greedy, 128 new tokens) of callers that give none.
+DEFAULT_DRAFT = default_settings().draft
+DEFAULT_SAMPLING = default_settings().sampling
 STRATEGIES = tuple(name for name in NAMES if name not in HF_STRATEGIES)  # ours: the ones that stream
 
 Prompt = str | list[dict] | list[int]  # raw text | chat messages ({"role", "content"}) | token ids
@@ -76,7 +77,7 @@ class SelfSpeculativeDecoder:
                              draft=draft, draft_model=draft_model, draft_head=heads(vocab) if vocab else None,
                              kangaroo=kangaroo, searched=searched_draft)
         self._strategies: dict[bool, Strategy] = {}
-        self.strategy(SamplingSettings())  # a bad combination fails here, not at the first request
+        self.strategy(DEFAULT_SAMPLING)  # a bad combination fails here, not at the first request
 
     def strategy(self, sampling: SamplingSettings) -> Strategy:
         """The Strategy decoding with `sampling`; one per mode (greedy or sampled), so a draft-exit policy keeps
@@ -101,9 +102,10 @@ class SelfSpeculativeDecoder:
             raise SelfspecError("prompt encodes to no tokens; give some text")
         return ids
 
-    def stream(self, prompt: Prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-               top_k: int = 0, repetition_penalty: float = 1.0, seed: int | None = None,
-               stop: Sequence[str] = ()) -> Iterator[Chunk]:
+    def stream(self, prompt: Prompt, max_new_tokens: int = DEFAULT_SAMPLING.max_new_tokens,
+               temperature: float = DEFAULT_SAMPLING.temperature, top_p: float = DEFAULT_SAMPLING.top_p,
+               top_k: int = DEFAULT_SAMPLING.top_k, repetition_penalty: float = DEFAULT_SAMPLING.repetition_penalty,
+               seed: int | None = None, stop: Sequence[str] = ()) -> Iterator[Chunk]:
         """One Chunk per verification step (its accepted tokens, their text and sources, the stats so far), then
         a last one with the finish reason. Stopping the iteration stops the generation at the next step."""
         ids = self.encode(prompt)
@@ -112,9 +114,10 @@ class SelfSpeculativeDecoder:
         steps = self.strategy(sampling).steps(ids, generator)
         return stream_chunks(steps, self.tokenizer, self.end_ids, stop)
 
-    def generate(self, prompt: Prompt, max_new_tokens: int = 128, temperature: float = 0.0, top_p: float = 1.0,
-                 top_k: int = 0, repetition_penalty: float = 1.0, seed: int | None = None,
-                 stop: Sequence[str] = ()) -> Completion:
+    def generate(self, prompt: Prompt, max_new_tokens: int = DEFAULT_SAMPLING.max_new_tokens,
+                 temperature: float = DEFAULT_SAMPLING.temperature, top_p: float = DEFAULT_SAMPLING.top_p,
+                 top_k: int = DEFAULT_SAMPLING.top_k, repetition_penalty: float = DEFAULT_SAMPLING.repetition_penalty,
+                 seed: int | None = None, stop: Sequence[str] = ()) -> Completion:
         """The whole reply (see `stream` for the arguments): greedy by default, lossless for every strategy."""
         ids = self.encode(prompt)
         chunks = list(self.stream(ids, max_new_tokens, temperature, top_p, top_k, repetition_penalty, seed, stop))

@@ -22,8 +22,9 @@ def _check_unit(name: str, value: float) -> None:
 
 @dataclass
 class DraftExit:
-    """Fixed draft length: never stops early."""
-    max_tokens: int = 12
+    """Fixed draft length: never stops early. Every policy's parameters come from the draft settings
+    (make_exit_policy below)."""
+    max_tokens: int
 
     def __post_init__(self):
         if self.max_tokens < 1:
@@ -54,7 +55,7 @@ class DraftExit:
 @dataclass
 class ThresholdExit(DraftExit):
     """Stop after a draft token whose confidence is below a fixed threshold."""
-    initial_threshold: float = 0.8
+    initial_threshold: float
 
     def __post_init__(self):
         super().__post_init__()
@@ -72,10 +73,10 @@ class ThresholdExit(DraftExit):
 @dataclass
 class AdaptiveExit(ThresholdExit):
     """Draft & Verify's adaptive threshold (their code's `auto_parameters`, one update per verification)."""
-    beta1: float = 0.5  # smoothing of the acceptance rate
-    target_acceptance: float = 0.9  # alpha
-    epsilon: float = 0.01
-    beta2: float = 0.9  # smoothing of the threshold
+    beta1: float  # smoothing of the acceptance rate
+    target_acceptance: float  # alpha
+    epsilon: float
+    beta2: float  # smoothing of the threshold
     mean_acceptance: float = field(default=0.0, init=False)
 
     def __post_init__(self):

@@ -19,7 +19,7 @@ from selfspec.decoding.results import GenerationResult, StepRecord
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import input_device
 from selfspec.models.skip import num_layers
-from selfspec.settings import SamplingSettings
+from selfspec.settings import SamplingSettings, default_settings
 from selfspec.timing import clock
 
 HF_STRATEGIES = ("hf_generate", "hf_prompt_lookup", "hf_early_exit", "hf_assistant")
@@ -33,11 +33,11 @@ class HFStrategy:
     model: object
     settings: SamplingSettings
     end_ids: tuple[int, ...]  # any of them ends generation (LoadedModel.end_ids)
+    num_assistant_tokens: int  # most draft tokens per step (early exit, draft model)
+    confidence_threshold: float  # stop drafting below this draft probability; 0 = fixed length
     prompt_lookup_tokens: int | None = None
     early_exit_layer: int | None = None  # draft with layers [0, early_exit_layer), then the final norm and head
     draft_model: object | None = None
-    num_assistant_tokens: int = 5  # most draft tokens per step (early exit, draft model)
-    confidence_threshold: float = 0.4  # HF's default: stop drafting below this draft probability; 0 = fixed length
 
     def generate(self, prompt: list[int], generator: torch.Generator | None = None) -> GenerationResult:
         """Batch size 1; sampling draws from the global RNG, seeded from `generator.initial_seed()` inside a fork."""
@@ -85,20 +85,25 @@ class HFStrategy:
 
 
 def make_hf_strategy(name: str, model, settings: SamplingSettings, end_ids: tuple[int, ...], draft_model=None,
-                     early_exit_layer: int | None = None, num_assistant_tokens: int = 5,
-                     confidence_threshold: float = 0.4) -> HFStrategy:
-    """One of HF_STRATEGIES; early_exit_layer None means 3/4 of the model's layers."""
+                     early_exit_layer: int | None = None, num_assistant_tokens: int | None = None,
+                     confidence_threshold: float | None = None) -> HFStrategy:
+    """One of HF_STRATEGIES; early_exit_layer None means 3/4 of the model's layers, num_assistant_tokens and
+    confidence_threshold None the config's (its `hf` block)."""
     if name not in HF_STRATEGIES:
         raise SelfspecError(f"strategy {name!r} is unknown; allowed HF baselines: {', '.join(HF_STRATEGIES)}")
+    if num_assistant_tokens is None or confidence_threshold is None:
+        hf = default_settings().hf
+        num_assistant_tokens = hf.num_assistant_tokens if num_assistant_tokens is None else num_assistant_tokens
+        confidence_threshold = hf.confidence_threshold if confidence_threshold is None else confidence_threshold
     if num_assistant_tokens < 1:
         raise SelfspecError(f"num_assistant_tokens={num_assistant_tokens} must be >= 1")
     if not 0 <= confidence_threshold < 1:
         raise SelfspecError(f"confidence_threshold={confidence_threshold} is outside [0, 1); 0 drafts a fixed length")
     common = dict(num_assistant_tokens=num_assistant_tokens, confidence_threshold=confidence_threshold)
     if name == "hf_generate":
-        return HFStrategy(name, model, settings, end_ids)
+        return HFStrategy(name, model, settings, end_ids, **common)
     if name == "hf_prompt_lookup":
-        return HFStrategy(name, model, settings, end_ids, prompt_lookup_tokens=PROMPT_LOOKUP_TOKENS)
+        return HFStrategy(name, model, settings, end_ids, prompt_lookup_tokens=PROMPT_LOOKUP_TOKENS, **common)
     if name == "hf_early_exit":
         layers = num_layers(model)
         layer = early_exit_layer if early_exit_layer is not None else max(1, 3 * layers // 4)

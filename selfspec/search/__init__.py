@@ -51,8 +51,7 @@ def search_skip_set(settings: RunSettings, loaded: LoadedModel, out_dir: Path) -
     prompt_ids = [encode_prompt(loaded.tokenizer, p) for p in prompts]
     study_name = search.study_name or f"{loaded.name}-{search.objective}"
     with quiet_optuna():
-        storage, storage_text = open_storage(search.storage, out_dir, search.heartbeat_interval, search.grace_period,
-                                             search.max_retry)
+        storage, storage_text = open_storage(search, out_dir)
         study = open_study(storage, storage_text, study_name, search.objective, loaded.name, layers,
                            make_pruner(search.objective, search.prune_p))
         failed = fail_dead_trials(study, storage)

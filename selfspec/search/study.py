@@ -12,6 +12,7 @@ import optuna
 from optuna.trial import TrialState
 
 from selfspec.errors import SelfspecError
+from selfspec.settings import SearchSettings
 
 JOURNAL_NAME = "optuna_journal.log"
 JOURNAL_LOCK_GRACE_S = 10  # appends hold the lock for milliseconds; optuna's default waits 30 s on a stale lock
@@ -32,16 +33,16 @@ def quiet_optuna():
             optuna.logging.set_verbosity(verbosity)
 
 
-def open_storage(spec: str | None, out_dir: Path, heartbeat_interval: int = 60, grace_period: int = 180,
-                 max_retry: int = 2):
-    """(storage, text): a journal file (None = out_dir/optuna_journal.log, or a path) or an RDB URL. In an RDB
-    every running trial sends a heartbeat; any worker marks a trial silent for `grace_period` s as FAIL and queues
-    its skip set again (at most `max_retry` times)."""
-    spec = spec or str(out_dir / JOURNAL_NAME)
+def open_storage(search: SearchSettings, out_dir: Path):
+    """(storage, text) of `search.storage`: a journal file (None = out_dir/optuna_journal.log, or a path) or an RDB
+    URL. In an RDB every running trial sends a heartbeat; any worker marks a trial silent for `search.grace_period` s
+    as FAIL and queues its skip set again (at most `search.max_retry` times)."""
+    spec = search.storage or str(out_dir / JOURNAL_NAME)
     if "://" in spec:
-        retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=max_retry)
+        retry = optuna.storages.RetryHeartbeatStaleTrialCallback(max_retry=search.max_retry)
         try:
-            return optuna.storages.RDBStorage(spec, heartbeat_interval=heartbeat_interval, grace_period=grace_period,
+            return optuna.storages.RDBStorage(spec, heartbeat_interval=search.heartbeat_interval,
+                                              grace_period=search.grace_period,
                                               heartbeat_stale_trial_callback=retry), spec
         except ImportError as err:  # SQLAlchemy found no driver for the URL's database
             hint = " (pip install -e '.[distributed]' installs psycopg 3)" if spec.startswith("postgresql") else ""
@@ -87,7 +88,7 @@ def open_study(storage, storage_text: str, name: str, objective: str, model: str
     return study
 
 
-def make_sampler(name: str, seed: int | None, n_startup_trials: int = 10):
+def make_sampler(name: str, seed: int | None, n_startup_trials: int):
     if name == "tpe":
         return optuna.samplers.TPESampler(seed=seed, n_startup_trials=n_startup_trials)
     if name == "gp":

@@ -106,7 +106,8 @@ def collect(model, prompt_ids: list[list[int]], exit_layer: int, max_new_tokens:
             end_ids: tuple[int, ...]) -> list[TrainingSequence]:
     """One sequence per prompt, generated greedily; reuses the files of an earlier run with the same settings."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    settings = SamplingSettings(max_new_tokens=max_new_tokens)
+    settings = SamplingSettings(temperature=0.0, top_k=0, top_p=1.0, repetition_penalty=1.0,  # greedy, whatever `sampling`
+                                max_new_tokens=max_new_tokens)
     device = adapter_device(model, exit_layer)  # where the shallow states come out, and the adapter runs
     sequences = []
     for index, ids in enumerate(tqdm(prompt_ids, desc="collect", unit="prompt")):
