@@ -10,7 +10,6 @@ class HybridDrafter:
 
     def __init__(self, ngram: NgramDrafter, fallback: Drafter):
         self.ngram, self.fallback = ngram, fallback
-        self.last_source = NGRAM
 
     @property
     def max_tokens(self) -> int:
@@ -28,8 +27,7 @@ class HybridDrafter:
         draft = self.ngram.draft(tokens, max_tokens)
         if not draft.tokens:
             draft = self.fallback.draft(tokens, min(max_tokens, self.fallback.max_tokens))
-        self.last_source = draft.source
         return draft
 
-    def update(self, drafted: int, accepted: int, path: list[int] | None = None) -> None:
-        (self.ngram if self.last_source == NGRAM else self.fallback).update(drafted, accepted, path)
+    def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
+        (self.ngram if source == NGRAM else self.fallback).update(drafted, accepted, path, source)

@@ -45,7 +45,7 @@ class SelfTreeDrafter(SelfDrafter):
                 return self.shaped_tree(tokens, depth)
             return self.tree_loop(tokens, depth)
 
-    def update(self, drafted: int, accepted: int, path: list[int] | None = None) -> None:
+    def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
         if path is not None and isinstance(self.exit_policy, CostAwareExit):
             self.exit_policy.update_tree(path)
         else:

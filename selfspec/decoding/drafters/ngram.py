@@ -50,7 +50,7 @@ class NgramDrafter:
         one_hot[range(len(copied)), copied] = 1.0
         return Draft(copied, list(one_hot), NGRAM)
 
-    def update(self, drafted: int, accepted: int, path: list[int] | None = None) -> None:
+    def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
         if self.exit_policy:
             self.exit_policy.update(drafted, accepted)
 

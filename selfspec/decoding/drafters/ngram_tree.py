@@ -63,7 +63,7 @@ class NgramTreeDrafter:
             draft.probs = list(one_hot)
         return draft
 
-    def update(self, drafted: int, accepted: int, path: list[int] | None = None) -> None:
+    def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
         if self.exit_policy is None:
             return
         if path is None:
