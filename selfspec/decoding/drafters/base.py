@@ -3,7 +3,8 @@ returns, and the one-token-at-a-time draft loop that the model drafters share.
 
 The decoding loop (decoding/speculative.py) calls `begin` once per generation, then per step `draft` and, after
 the full model verified the draft, `update`. A drafter that decides its draft length by a draft-exit policy
-(decoding/draft_exit.py) owns it; a new drafter is one new module in this package.
+(decoding/draft_exit.py) owns it. A new drafter is one new module in this package: the drafter and the
+strategies it implements (its `STRATEGIES`, decoding/registry.py), which join decoding/strategies.py's `REGISTRY`.
 """
 
 from dataclasses import dataclass, field
