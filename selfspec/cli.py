@@ -1,6 +1,7 @@
-"""The `selfspec` console command (pyproject [project.scripts]) and run.py: compose the Hydra config, build the typed
-settings, run the task. The configs ship inside the package (selfspec/conf, a link to the checkout's conf/ that
-a wheel copies), so the command finds them from any directory."""
+"""The `selfspec` console command (pyproject [project.scripts]), `python -m selfspec` and run.py: compose the Hydra
+config, build the typed settings, run the task; `selfspec strategies` lists the decoding strategies instead. The
+configs ship inside the package (selfspec/conf, a link to the checkout's conf/ that a wheel copies), so the command
+finds them from any directory."""
 
 import sys
 from pathlib import Path
@@ -15,8 +16,20 @@ CONF = Path(__file__).resolve().parent / "conf"
 
 
 def main() -> None:
+    if sys.argv[1:] == ["strategies"]:
+        print_strategies()
+        return
     check_run_dir(sys.argv[1:])
     run_task()
+
+
+def print_strategies() -> None:
+    """`selfspec strategies`: every registered strategy, one a line, its name and then what it does."""
+    from selfspec.decoding.strategies import REGISTRY  # imported here: Hydra's `--help` stays fast
+
+    width = max(len(name) for name in REGISTRY)
+    for spec in REGISTRY.values():
+        print(f"{spec.name:<{width}}  {spec.description}")
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF), config_name="config")

@@ -46,3 +46,13 @@ def test_the_console_command_ends_a_bad_value_with_one_line(tmp_path):
     result = run_command(tmp_path, "model=tiny_llama", "draft.threshold=1.5", "hydra.run.dir=out")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[-1] == "selfspec: error: draft.threshold=1.5 is outside [0, 1]"
+
+
+def test_python_m_selfspec_strategies_lists_every_registered_strategy_one_a_line():
+    from selfspec.decoding.strategies import REGISTRY
+
+    result = subprocess.run([sys.executable, "-m", "selfspec", "strategies"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert [line.split(maxsplit=1) for line in result.stdout.splitlines()] == [
+        [spec.name, spec.description] for spec in REGISTRY.values()]

@@ -64,7 +64,7 @@ class RandomTreeDrafter:
             paths[i] = path
         return draft
 
-    def update(self, drafted, accepted, path=None):
+    def update(self, drafted, accepted, path=None, source="model"):
         pass
 
 

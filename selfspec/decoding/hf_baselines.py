@@ -10,11 +10,13 @@ Per-step records come from timing the candidate generator HF builds for the call
 
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 from transformers.generation.streamers import BaseStreamer
 
 from selfspec.decoding.prompt_ids import single_prompt
+from selfspec.decoding.registry import StrategyInputs, StrategySpec
 from selfspec.decoding.results import GenerationResult, StepRecord
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import input_device
@@ -114,6 +116,19 @@ def make_hf_strategy(name: str, model, settings: SamplingSettings, end_ids: tupl
         raise SelfspecError("strategy hf_assistant needs a draft model: set draft_model=<option>, "
                             "e.g. draft_model=smollm2")
     return HFStrategy(name, model, settings, end_ids, draft_model=draft_model, **common)
+
+
+def build_hf_strategy(name: str, inputs: StrategyInputs) -> HFStrategy:
+    return make_hf_strategy(name, inputs.model, inputs.settings, inputs.end_ids, inputs.draft_model,
+                            **(vars(inputs.hf) if inputs.hf else {}))
+
+
+STRATEGIES = tuple(StrategySpec(name, description, partial(build_hf_strategy, name), hf_baseline=True)
+                   for name, description in zip(HF_STRATEGIES, (
+                       "HF model.generate without drafts",
+                       f"HF generate with prompt lookup ({PROMPT_LOOKUP_TOKENS} tokens)",
+                       "HF generate drafting with the model's first layers (assistant_early_exit, hf.early_exit_layer)",
+                       "HF generate with a separate draft model (assistant_model, draft_model)")))
 
 
 class _TokenTimes(BaseStreamer):

@@ -129,7 +129,7 @@ def speculative_step(model, context: GenerationContext, tokens: list[int], remai
     step = StepRecord(len(draft.tokens), accepted, len(new), drafter.threshold if drafter is not None else 0.0,
                       t1 - t0, clock(device) - t1, draft.source if draft.tokens else "", confidence, gated)
     if draft.tokens:
-        drafter.update(len(draft.tokens), accepted)
+        drafter.update(len(draft.tokens), accepted, source=draft.source)
     return new, step
 
 
@@ -153,6 +153,6 @@ def tree_step(model, context: GenerationContext, tokens: list[int], remaining: i
     step = StepRecord(len(draft.tokens), len(path), len(new), drafter.threshold, draft_s, clock(device) - t1,
                       draft.source if draft.tokens else "", confidence, gated, len(draft.tokens), depth)
     if draft.tokens:
-        drafter.update(depth, len(path), path)
+        drafter.update(depth, len(path), path, draft.source)
     return new, step
 

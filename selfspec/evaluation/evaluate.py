@@ -13,7 +13,6 @@ from tqdm import tqdm
 
 from selfspec.data.conversation import encode_turn
 from selfspec.data.prompt_sets import Prompt
-from selfspec.decoding.drafters import HybridDrafter
 from selfspec.decoding.strategies import Strategy
 from selfspec.models.devices import output_device
 from selfspec.records.prompt_records import PromptRecord, append_record, first_difference, read_records, summarize
@@ -86,9 +85,7 @@ def _replay_steps(strategies: list[Strategy], earlier: list[PromptRecord]) -> No
         drafter = getattr(strategy, "drafter", None)  # None: plain decoding and the HF baselines
         for record in (r for r in earlier if r.strategy == strategy.name and drafter is not None):
             for step in (s for s in record.steps if s.drafted):
-                if isinstance(drafter, HybridDrafter):
-                    drafter.last_source = step.source  # routes the update as the live step did
-                drafter.update(step.drafted, step.accepted)
+                drafter.update(step.drafted, step.accepted, source=step.source)
 
 
 def _generator(strategy: Strategy, seed: int) -> torch.Generator:

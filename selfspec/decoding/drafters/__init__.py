@@ -6,6 +6,7 @@
 when there is one and a model draft otherwise; `KangarooDrafter` (kangaroo.py) drafts by double early exit.
 Token trees (decoding/tree.py): `NgramTreeDrafter` (ngram_tree.py) merges several copies into a trie;
 `SelfTreeDrafter` (layer_skip_tree.py) branches the layer-skip draft where it is unsure.
+Each module also lists the strategies it implements, in its `STRATEGIES` (decoding/registry.py).
 """
 
 from selfspec.decoding.drafters.base import Draft, Drafter, ExitPolicyDrafter, GenerationContext, cut_at_end

@@ -3,7 +3,8 @@ returns, and the one-token-at-a-time draft loop that the model drafters share.
 
 The decoding loop (decoding/speculative.py) calls `begin` once per generation, then per step `draft` and, after
 the full model verified the draft, `update`. A drafter that decides its draft length by a draft-exit policy
-(decoding/draft_exit.py) owns it; a new drafter is one new module in this package.
+(decoding/draft_exit.py) owns it. A new drafter is one new module in this package: the drafter and the
+strategies it implements (its `STRATEGIES`, decoding/registry.py), which join decoding/strategies.py's `REGISTRY`.
 """
 
 from dataclasses import dataclass, field
@@ -59,9 +60,10 @@ class Drafter(Protocol):
         """Up to `max_tokens` tokens to follow `tokens`; all but the last of `tokens` are in the cache. For a tree
         drafter `max_tokens` caps the depth of its branches; its node budget is its `max_tokens` property."""
 
-    def update(self, drafted: int, accepted: int, path: list[int] | None = None) -> None:
+    def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
         """The full model accepted `accepted` of the `drafted` tokens of the last draft; for a tree draft, `drafted`
-        is its depth and `path` the accepted nodes' indices, root first (None: a chain, or a replayed step)."""
+        is its depth and `path` the accepted nodes' indices, root first (None: a chain, or a replayed step).
+        `source` is the verified draft's Draft.source, so a drafter that mixes sources credits the one that drafted."""
 
 
 def cut_at_end(tokens: list[int], end_ids: tuple[int, ...]) -> list[int]:
@@ -91,7 +93,7 @@ class ExitPolicyDrafter:
         self.context = context
         self.exit_policy.begin()
 
-    def update(self, drafted: int, accepted: int, path: list[int] | None = None) -> None:
+    def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
         self.exit_policy.update(drafted, accepted)
 
     def draft_loop(self, next_logits: Callable[[list[int], int], torch.Tensor], tokens: list[int], cached: int,

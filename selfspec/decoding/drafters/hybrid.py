@@ -1,7 +1,9 @@
 """An n-gram copy when the context has one, else a model drafter's draft (self_spec_hybrid)."""
 
 from selfspec.decoding.drafters.base import Draft, Drafter, GenerationContext
+from selfspec.decoding.drafters.layer_skip import build_self_spec
 from selfspec.decoding.drafters.ngram import NGRAM, NgramDrafter
+from selfspec.decoding.registry import StrategyInputs, StrategySpec
 
 
 class HybridDrafter:
@@ -10,7 +12,6 @@ class HybridDrafter:
 
     def __init__(self, ngram: NgramDrafter, fallback: Drafter):
         self.ngram, self.fallback = ngram, fallback
-        self.last_source = NGRAM
 
     @property
     def max_tokens(self) -> int:
@@ -28,8 +29,22 @@ class HybridDrafter:
         draft = self.ngram.draft(tokens, max_tokens)
         if not draft.tokens:
             draft = self.fallback.draft(tokens, min(max_tokens, self.fallback.max_tokens))
-        self.last_source = draft.source
         return draft
 
-    def update(self, drafted: int, accepted: int, path: list[int] | None = None) -> None:
-        (self.ngram if self.last_source == NGRAM else self.fallback).update(drafted, accepted, path)
+    def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
+        (self.ngram if source == NGRAM else self.fallback).update(drafted, accepted, path, source)
+
+
+def build_self_spec_hybrid(inputs: StrategyInputs) -> HybridDrafter:
+    """Both drafters under draft.hybrid_policy: a copy costs no draft forward, so under the cost-aware exit it may
+    run up to draft.ngram_tokens; other policies stop copies at draft.max_tokens."""
+    policy, draft = inputs.hybrid_policy, inputs.draft
+    copy_cap = draft.ngram_tokens if policy == "cost" else min(draft.ngram_tokens, draft.max_tokens)
+    copier = NgramDrafter(inputs.model, draft.ngram_size, copy_cap, inputs.copy_policy(policy))
+    return HybridDrafter(copier, build_self_spec(inputs, policy))
+
+
+STRATEGIES = (
+    StrategySpec("self_spec_hybrid", "an n-gram copy when the context has one, else the layer-skip draft "
+                 "(draft.hybrid_policy)", build_self_spec_hybrid),
+)

@@ -16,7 +16,9 @@ import torch
 
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.drafters.base import Draft, ExitPolicyDrafter, GenerationContext
+from selfspec.decoding.registry import StrategyInputs, StrategySpec
 from selfspec.models.cache import RewindableCache, forward_hidden
+from selfspec.models.kangaroo_adapter import load_adapter
 from selfspec.models.output_layer import model_logits
 from selfspec.models.skip import decoder_layers, num_layers, skipping
 from selfspec.settings import make_skip_set
@@ -87,3 +89,16 @@ def adapter_hidden(adapter, cache: RewindableCache, shallow: torch.Tensor, start
     positions = torch.arange(start, start + len(shallow), device=shallow.device)[None]  # (1, q)
     out = adapter(inputs_embeds=shallow[None], position_ids=positions, past_key_values=cache, use_cache=True)
     return out.last_hidden_state[0]
+
+
+def build_kangaroo(inputs: StrategyInputs) -> KangarooDrafter:
+    settings = inputs.kangaroo
+    adapter, exit_layer = load_adapter(settings and settings.adapter_path, inputs.model,
+                                       settings and settings.exit_layer)
+    return KangarooDrafter(inputs.model, adapter, exit_layer, inputs.unpriced_exit_policy("kangaroo"))
+
+
+STRATEGIES = (
+    StrategySpec("kangaroo", "Kangaroo: the model's first layers and a trained adapter draft (kangaroo.adapter_path)",
+                 build_kangaroo),
+)

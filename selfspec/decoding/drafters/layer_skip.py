@@ -1,11 +1,15 @@
 """Draft & Verify's drafter: the target model itself with a skip set, over the target's own cache."""
 
+from functools import partial
+
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.drafters.base import Draft, ExitPolicyDrafter
+from selfspec.decoding.registry import StrategyInputs, StrategySpec
+from selfspec.errors import SelfspecError
 from selfspec.models.cache import forward, forward_hidden
 from selfspec.models.draft_head import DraftHead
 from selfspec.models.skip import skipping
-from selfspec.settings import SkipSet
+from selfspec.settings import POLICIES, SkipSet
 
 
 class SelfDrafter(ExitPolicyDrafter):
@@ -26,3 +30,29 @@ class SelfDrafter(ExitPolicyDrafter):
     def draft(self, tokens: list[int], max_tokens: int) -> Draft:
         with skipping(self.model, self.skip):
             return self.draft_loop(self.next_logits, tokens, len(tokens) - 1, max_tokens)
+
+
+def build_self_spec(inputs: StrategyInputs, policy: str | None = None) -> SelfDrafter:
+    """The layer-skip drafter under `policy` (None: draft.policy)."""
+    policy = policy or inputs.draft.policy
+    return SelfDrafter(inputs.model, inputs.skip, inputs.exit_policy(policy, inputs.skip, inputs.draft_head),
+                       inputs.draft_head)
+
+
+def build_self_spec_searched(inputs: StrategyInputs) -> SelfDrafter:
+    if inputs.searched is None:
+        raise SelfspecError("strategy self_spec_searched needs a searched skip set and this model ships none "
+                            "(model.searched_skip): run `make search MODEL=<model>`, then pass "
+                            "searched_skip.path=<its run dir>/best_skip.yaml, or drop the strategy")
+    skip, head = inputs.searched
+    return SelfDrafter(inputs.model, skip, inputs.exit_policy(inputs.draft.policy, skip, head), head)
+
+
+STRATEGIES = (
+    StrategySpec("self_spec", "Draft & Verify: the model drafts with its skip set left out, under draft.policy",
+                 build_self_spec),
+    *(StrategySpec(f"self_spec_{policy}", f"self_spec with draft.policy={policy}, whatever the config sets",
+                   partial(build_self_spec, policy=policy)) for policy in POLICIES),
+    StrategySpec("self_spec_searched", "self_spec with the searched skip set and draft vocabulary (searched_skip)",
+                 build_self_spec_searched),
+)

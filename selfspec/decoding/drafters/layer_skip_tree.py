@@ -4,7 +4,10 @@ import torch
 
 from selfspec.decoding.draft_exit import CostAwareExit, DraftExit, confidence_bin
 from selfspec.decoding.drafters.base import Draft
+from selfspec.decoding.drafters.hybrid import HybridDrafter
 from selfspec.decoding.drafters.layer_skip import SelfDrafter
+from selfspec.decoding.drafters.ngram_tree import build_prompt_lookup_tree
+from selfspec.decoding.registry import StrategyInputs, StrategySpec
 from selfspec.decoding.sampling import sample, scores
 from selfspec.errors import SelfspecError
 from selfspec.models.draft_head import DraftHead
@@ -45,7 +48,7 @@ class SelfTreeDrafter(SelfDrafter):
                 return self.shaped_tree(tokens, depth)
             return self.tree_loop(tokens, depth)
 
-    def update(self, drafted: int, accepted: int, path: list[int] | None = None) -> None:
+    def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
         if path is not None and isinstance(self.exit_policy, CostAwareExit):
             self.exit_policy.update_tree(path)
         else:
@@ -124,3 +127,19 @@ def branches(probs: torch.Tensor, width: int, greedy: bool, generator) -> list[t
             break
         q = rest / rest.sum()
     return chosen
+
+
+def build_self_spec_tree(inputs: StrategyInputs) -> HybridDrafter:
+    """prompt_lookup_tree's trie when the context has matches, else this drafter's tree; both under
+    draft.hybrid_policy, where the cost-aware exit shapes each tree (depth, branches, none) from the measured costs."""
+    draft, skip, head = inputs.draft, inputs.skip, inputs.draft_head
+    trie = build_prompt_lookup_tree(inputs)
+    tree = SelfTreeDrafter(inputs.model, skip, inputs.exit_policy(inputs.hybrid_policy, skip, head), head,
+                           draft.tree_nodes, draft.tree_depth, draft.tree_width, draft.tree_branch_below)
+    return HybridDrafter(trie, tree)
+
+
+STRATEGIES = (
+    StrategySpec("self_spec_tree", "prompt_lookup_tree's trie when the context has matches, else the layer-skip draft "
+                 "branching where it is unsure", build_self_spec_tree),
+)

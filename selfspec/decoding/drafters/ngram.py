@@ -4,6 +4,7 @@ import torch
 
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.drafters.base import Draft, GenerationContext, cut_at_end
+from selfspec.decoding.registry import StrategyInputs, StrategySpec
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import output_device
 
@@ -50,7 +51,7 @@ class NgramDrafter:
         one_hot[range(len(copied)), copied] = 1.0
         return Draft(copied, list(one_hot), NGRAM)
 
-    def update(self, drafted: int, accepted: int, path: list[int] | None = None) -> None:
+    def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
         if self.exit_policy:
             self.exit_policy.update(drafted, accepted)
 
@@ -88,3 +89,14 @@ def ngram_matches(tokens: list[int], ngram_size: int, max_tokens: int, limit: in
                     if len(found) == limit:
                         return found
     return found
+
+
+def build_prompt_lookup(inputs: StrategyInputs) -> NgramDrafter:
+    """Copies as long as the match allows, up to draft.ngram_tokens: no exit policy."""
+    return NgramDrafter(inputs.model, inputs.draft.ngram_size, inputs.draft.ngram_tokens)
+
+
+STRATEGIES = (
+    StrategySpec("prompt_lookup", "n-gram copies from the context only, no draft model (prompt lookup)",
+                 build_prompt_lookup),
+)

@@ -5,6 +5,7 @@ import torch
 from selfspec.decoding.draft_exit import CostAwareExit
 from selfspec.decoding.drafters.base import Draft, GenerationContext, cut_at_end
 from selfspec.decoding.drafters.ngram import NGRAM, cut_copy, ngram_matches
+from selfspec.decoding.registry import StrategyInputs, StrategySpec
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import output_device
 
@@ -63,7 +64,7 @@ class NgramTreeDrafter:
             draft.probs = list(one_hot)
         return draft
 
-    def update(self, drafted: int, accepted: int, path: list[int] | None = None) -> None:
+    def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
         if self.exit_policy is None:
             return
         if path is None:
@@ -107,3 +108,16 @@ def add_branch(draft: Draft, branch: list[int], nodes: int, width: int) -> list[
         parent = len(draft.tokens) - 1
         added.append(parent)
     return added
+
+
+def build_prompt_lookup_tree(inputs: StrategyInputs) -> NgramTreeDrafter:
+    """Under draft.hybrid_policy, as self_spec_hybrid's copies: the cost-aware exit shapes each trie."""
+    draft = inputs.draft
+    return NgramTreeDrafter(inputs.model, draft.ngram_size, draft.tree_nodes, draft.tree_depth, draft.tree_width,
+                            inputs.copy_policy(inputs.hybrid_policy))
+
+
+STRATEGIES = (
+    StrategySpec("prompt_lookup_tree", "several n-gram copies from the context in one token tree (draft.tree_*)",
+                 build_prompt_lookup_tree),
+)

@@ -2,6 +2,8 @@
 
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.drafters.base import Draft, ExitPolicyDrafter, GenerationContext
+from selfspec.decoding.registry import StrategyInputs, StrategySpec
+from selfspec.errors import SelfspecError
 from selfspec.models.cache import forward, new_cache
 
 
@@ -33,3 +35,16 @@ def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
             break
         n += 1
     return n
+
+
+def build_two_model(inputs: StrategyInputs) -> ModelDrafter:
+    if inputs.draft_model is None:
+        raise SelfspecError("strategy two_model needs a draft model: set draft_model=<option>, "
+                            "e.g. draft_model=tiny_llama")
+    return ModelDrafter(inputs.draft_model, inputs.unpriced_exit_policy("two_model"))
+
+
+STRATEGIES = (
+    StrategySpec("two_model", "classic speculative decoding: a separate, smaller draft model (draft_model)",
+                 build_two_model),
+)

@@ -1,0 +1,63 @@
+"""What a registered strategy is: a name, a one-line description and a builder, and the inputs every builder gets.
+
+Each module that implements strategies lists them in its `STRATEGIES`, beside the drafter they build (the
+self_spec family in drafters/layer_skip.py, the HF baselines in hf_baselines.py, ...); decoding/strategies.py
+gathers those lists into `REGISTRY`, the one table `make_strategy` and `python -m selfspec strategies` read.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from selfspec.decoding.costs import CostMeter
+from selfspec.decoding.draft_exit import CostAwareExit, DraftExit, make_exit_policy
+from selfspec.errors import SelfspecError
+from selfspec.models.draft_head import DraftHead
+from selfspec.settings import DraftSettings, HFSettings, KangarooSettings, SamplingSettings, SkipSet
+
+
+@dataclass(frozen=True)
+class StrategyInputs:
+    """Everything a strategy may be built from (make_strategy's arguments), so every builder takes one argument."""
+    model: object
+    settings: SamplingSettings
+    end_ids: tuple[int, ...]  # any of them ends generation (LoadedModel.end_ids)
+    skip: SkipSet  # the layer-skip draft's
+    draft: DraftSettings
+    costs: CostMeter  # measured on first use, shared by the strategies of a run
+    draft_model: object = None
+    draft_head: DraftHead | None = None
+    hf: HFSettings | None = None
+    kangaroo: KangarooSettings | None = None
+    searched: tuple[SkipSet, DraftHead | None] | None = None  # self_spec_searched's skip set and draft head
+
+    @property
+    def hybrid_policy(self) -> str:
+        """The policy of the strategies that mix copies and model drafts: draft.hybrid_policy, else draft.policy."""
+        return self.draft.hybrid_policy or self.draft.policy
+
+    def exit_policy(self, policy: str, drafted_by: SkipSet | None = None, head: DraftHead | None = None,
+                    max_tokens: int | None = None) -> DraftExit:
+        """A fresh policy, so no two strategies share one; the cost-aware one gets the costs of drafting with
+        `drafted_by` and `head` (None: copies, which cost nothing to draft)."""
+        costs = self.costs.costs(drafted_by, head) if policy == "cost" else None
+        return make_exit_policy(self.draft, self.settings.greedy, policy, costs, max_tokens)
+
+    def copy_policy(self, policy: str) -> CostAwareExit | None:
+        """The copiers' cost-aware policy, which may copy up to draft.ngram_tokens; None under other policies."""
+        return self.exit_policy(policy, max_tokens=self.draft.ngram_tokens) if policy == "cost" else None
+
+    def unpriced_exit_policy(self, strategy: str) -> DraftExit:
+        """draft.policy for a drafter whose draft-token cost the cost meter does not measure (a separate model, an
+        adapter), which therefore cannot take the cost-aware policy."""
+        if self.draft.policy == "cost":
+            raise SelfspecError(f"draft.policy=cost is for the layer-skip and copying drafters; strategy {strategy} "
+                                f"takes draft.policy=fixed, threshold or adaptive")
+        return self.exit_policy(self.draft.policy)
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    name: str
+    description: str  # one line: what `python -m selfspec strategies` prints after the name
+    build: Callable[[StrategyInputs], object]  # the drafter (None: plain decoding); an HF baseline's whole strategy
+    hf_baseline: bool = False  # HF's own generate (hf_baselines.py): takes any model layout, builds no drafter

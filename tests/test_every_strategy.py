@@ -1,0 +1,51 @@
+"""Losslessness of every registered strategy: greedy decoding equals plain decoding token for token, on the tiny Llama
+and Gemma-2. The strategies come from the registry, so a new one is checked here without touching this file; the
+HF generate baselines are HF's own decoding (tests/test_hf_baselines.py)."""
+
+import pytest
+
+from selfspec.decoding.costs import DraftCosts
+from selfspec.decoding.speculative import generate
+from selfspec.decoding.strategies import REGISTRY, make_strategy
+from selfspec.models.draft_head import make_draft_head
+from selfspec.models.kangaroo_adapter import new_adapter, save_adapter
+from selfspec.models.tiny import tiny_model
+from selfspec.settings import DraftSettings, KangarooSettings, SamplingSettings, TrainSettings, make_skip_set
+
+GREEDY = SamplingSettings(max_new_tokens=24)
+DRAFT = DraftSettings(policy="adaptive", max_tokens=4, ngram_size=2, ngram_tokens=6, hybrid_policy="cost",
+                      tree_nodes=6, tree_depth=4, tree_width=3, tree_branch_below=0.6)
+TEXTS = ["def fib(n):\n    return fib(n - 1) + fib(n - 2)\n\ndef fib", "The cat sat on the mat. The cat sat on"]
+
+
+class PayingCosts:
+    """Stands in for the CostMeter: made-up costs under which drafting pays (a draft token 1 ms, c(q) = 10 + 0.5 (q - 1)
+    ms); a tiny model's measured costs on a CPU say it never does, and the cost-aware policies would not draft."""
+
+    def costs(self, skip, head=None) -> DraftCosts:
+        return DraftCosts(tuple(10.0 + 0.5 * q for q in range(16)), 0.0 if skip is None else 1.0)
+
+
+@pytest.fixture(scope="module")
+def drafting_inputs(tiny, tokenizer, tmp_path_factory):
+    """What any strategy may need, for one tiny model: a second tiny model to draft, an untrained Kangaroo adapter (its
+    drafts are poor: the output must not change), a searched skip set with a reduced draft vocabulary, and costs."""
+    adapter_path = tmp_path_factory.mktemp("kangaroo") / "adapter.pt"
+    save_adapter(adapter_path, new_adapter(tiny, 3), tiny, 3)
+    return dict(skip=make_skip_set([1], [2], 6), draft=DRAFT,
+                draft_model=tiny_model("llama", num_layers=2, seed=1).double(),
+                kangaroo=KangarooSettings(adapter_path=str(adapter_path), train=TrainSettings()),
+                searched=(make_skip_set([2, 4], [3], 6), make_draft_head(tiny, tokenizer, 64, TEXTS)),
+                costs=PayingCosts())
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("name", [spec.name for spec in REGISTRY.values() if not spec.hf_baseline])
+def test_every_strategy_matches_plain(name, tiny, tokenizer, prompt, drafting_inputs):
+    strategy = make_strategy(name, tiny, GREEDY, (), **drafting_inputs)
+    drafted = 0
+    for ids in (prompt, *(tokenizer(text).input_ids for text in TEXTS)):
+        result = strategy.generate(ids)
+        assert result.new_tokens == generate(tiny, ids, GREEDY).new_tokens, tokenizer.decode(ids)
+        drafted += result.drafted
+    assert drafted > 0 or strategy.drafter is None  # a strategy that never drafted would pass by decoding plainly
