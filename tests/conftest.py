@@ -3,23 +3,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from selfspec.models.tiny import byte_tokenizer, tiny_model
-from selfspec.settings import RunSettings, from_config
 
 ROOT = Path(__file__).resolve().parents[1]
-CONF = ROOT / "conf"
 
 sys.path.insert(0, str(Path(__file__).parent))  # test helpers (helpers, wandb_history)
 sys.path.insert(0, str(ROOT / "experiments"))  # experiment scripts (sample_records, random_skip_sets)
 torch.set_num_threads(2)
-
-
-def run_settings(*overrides: str) -> RunSettings:
-    """The typed settings `python run.py <overrides>` would run with."""
-    with initialize_config_dir(str(CONF), version_base="1.3"):
-        return from_config(compose("config", overrides=list(overrides)))
 
 
 @pytest.fixture(scope="module")

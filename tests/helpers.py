@@ -5,15 +5,23 @@ import sys
 from pathlib import Path
 
 import torch
+from hydra import compose, initialize_config_dir
 from scipy.stats import chisquare
 
 from selfspec.decoding.sampling import logits_processor, scores
 from selfspec.models.cache import forward, new_cache
 from selfspec.records.prompt_records import PromptRecord, RecordedStep
-from selfspec.settings import ModelSettings, typed
+from selfspec.settings import ModelSettings, RunSettings, from_config, typed
 
 ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
 TINY_MODEL = dict(family="llama", num_layers=3, hidden_size=32, sliding_window=8, seed=0)
+
+
+def run_settings(*overrides: str) -> RunSettings:
+    """The typed settings `python run.py <overrides>` would run with."""
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        return from_config(compose("config", overrides=list(overrides)))
 
 
 def run_py(*overrides, out_dir=None, wait=True, timeout=600, **popen_kwargs):

@@ -12,8 +12,7 @@ from selfspec.models.cache import RewindableCache, forward, new_cache
 from selfspec.models.tiny import tiny_model
 from selfspec.settings import SkipSet, default_settings
 
-from conftest import run_settings
-from helpers import assert_cache_holds, hf_greedy
+from helpers import assert_cache_holds, hf_greedy, run_settings
 
 WINDOW = 8  # shorter than every prompt here
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -9,13 +9,14 @@ from pathlib import Path
 import pytest
 from transformers import AutoModelForCausalLM
 
-from conftest import run_settings
 from selfspec import DEFAULT_DRAFT, SelfSpeculativeDecoder
 from selfspec.api.decoder import DEFAULT_SAMPLING
 from selfspec.api.streaming import VERIFIED, stream_chunks
 from selfspec.data.prompt_sets import Prompt, encode_prompt
 from selfspec.errors import SelfspecError
 from selfspec.models.tiny import tiny_model
+
+from helpers import run_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 SKIP = {"attn": [3, 5], "mlp": [4]}

@@ -7,13 +7,14 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from conftest import CONF, run_settings
 from selfspec import DEFAULT_DRAFT, SelfSpeculativeDecoder
 from selfspec.decoding.draft_exit import make_exit_policy
 from selfspec.models.tiny import tiny_model
 from selfspec.settings import (DataSettings, DraftSettings, HFSettings, KangarooSettings, LoggerSettings, ModelSettings,
                                RunOptions, SamplingSettings, SearchSettings, ServeSettings, SkipSettings,
                                TrainSettings, default_settings)
+
+from helpers import CONF, run_settings
 
 
 def test_the_api_decodes_with_run_py_s_draft_and_sampling_settings(tokenizer, monkeypatch):

@@ -8,7 +8,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import run_settings
 
 from selfspec.data.prompt_sets import calibration_texts
 from selfspec.decoding.draft_exit import DraftExit
@@ -21,6 +20,8 @@ from selfspec.models.kangaroo_adapter import new_adapter
 from selfspec.models.loading import load_model
 from selfspec.models.tiny import byte_tokenizer, tiny_model
 from selfspec.settings import ModelSettings, default_settings, make_skip_set, typed
+
+from helpers import run_settings
 
 SAMPLING = default_settings().sampling  # the config's: greedy, 128 new tokens
 GREEDY = replace(SAMPLING, max_new_tokens=32)

@@ -2,6 +2,8 @@
 and Gemma-2. The strategies come from the registry, so a new one is checked here without touching this file; the
 HF generate baselines are HF's own decoding (tests/test_hf_baselines.py)."""
 
+from dataclasses import replace
+
 import pytest
 
 from selfspec.decoding.costs import DraftCosts
@@ -10,11 +12,12 @@ from selfspec.decoding.strategies import REGISTRY, make_strategy
 from selfspec.models.draft_head import make_draft_head
 from selfspec.models.kangaroo_adapter import new_adapter, save_adapter
 from selfspec.models.tiny import tiny_model
-from selfspec.settings import DraftSettings, KangarooSettings, SamplingSettings, TrainSettings, make_skip_set
+from selfspec.settings import default_settings, make_skip_set
 
-GREEDY = SamplingSettings(max_new_tokens=24)
-DRAFT = DraftSettings(policy="adaptive", max_tokens=4, ngram_size=2, ngram_tokens=6, hybrid_policy="cost",
-                      tree_nodes=6, tree_depth=4, tree_width=3, tree_branch_below=0.6)
+DEFAULTS = default_settings()  # the config run.py composes
+GREEDY = replace(DEFAULTS.sampling, max_new_tokens=24)
+DRAFT = replace(DEFAULTS.draft, policy="adaptive", max_tokens=4, ngram_size=2, ngram_tokens=6, hybrid_policy="cost",
+                tree_nodes=6, tree_depth=4, tree_width=3, tree_branch_below=0.6)
 TEXTS = ["def fib(n):\n    return fib(n - 1) + fib(n - 2)\n\ndef fib", "The cat sat on the mat. The cat sat on"]
 
 
@@ -34,7 +37,7 @@ def drafting_inputs(tiny, tokenizer, tmp_path_factory):
     save_adapter(adapter_path, new_adapter(tiny, 3), tiny, 3)
     return dict(skip=make_skip_set([1], [2], 6), draft=DRAFT,
                 draft_model=tiny_model("llama", num_layers=2, seed=1).double(),
-                kangaroo=KangarooSettings(adapter_path=str(adapter_path), train=TrainSettings()),
+                kangaroo=replace(DEFAULTS.kangaroo, adapter_path=str(adapter_path)),
                 searched=(make_skip_set([2, 4], [3], 6), make_draft_head(tiny, tokenizer, 64, TEXTS)),
                 costs=PayingCosts())
 

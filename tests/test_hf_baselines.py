@@ -5,7 +5,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import run_settings
 
 from selfspec.data.prompt_sets import encode_prompt, load_prompts
 from selfspec.decoding.hf_baselines import HF_STRATEGIES, make_hf_strategy
@@ -15,6 +14,8 @@ from selfspec.evaluation.evaluate import measure_peak_memory
 from selfspec.models.loading import load_model
 from selfspec.models.tiny import tiny_model
 from selfspec.settings import default_settings, make_skip_set
+
+from helpers import run_settings
 
 SAMPLING = default_settings().sampling  # the config's: greedy, 128 new tokens
 GREEDY = replace(SAMPLING, max_new_tokens=40)

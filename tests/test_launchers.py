@@ -12,9 +12,10 @@ from hydra import compose, initialize_config_dir
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
-from conftest import run_settings
 from selfspec.evaluation.task import run
 from selfspec.settings import LaunchSettings, launch_settings
+
+from helpers import run_settings
 from wandb_history import run_group
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,8 +15,7 @@ from selfspec.models.skip import decoder_layers
 from selfspec.models.tiny import tiny_model
 from selfspec.settings import SkipSet, default_settings
 
-from conftest import run_settings
-from helpers import cfg, hf_greedy
+from helpers import cfg, hf_greedy, run_settings
 
 
 def linears(model) -> list[nn.Module]:

@@ -5,7 +5,6 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-import pytest
 import torch
 
 from selfspec import timing

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from selfspec.data.formats import FORMATS, Prompt, parse_prompt_line
 from selfspec.data.prompt_sets import load_prompt_set, load_prompts
 from selfspec.errors import SelfspecError
-from conftest import run_settings
+
+from helpers import run_settings
 
 SPEC_BENCH = Path(__file__).parent / "data" / "spec_bench_question.jsonl"  # lines in the shapes Spec-Bench publishes
 

@@ -5,11 +5,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_settings
 from selfspec.errors import SelfspecError
 from selfspec.plots import reproduce as rep
 from selfspec.plots.figures import FIGURE_GROUPS, SWEEPS
 from selfspec.records.runs import load_runs
+
+from helpers import run_settings
 
 
 def one_job(overrides: tuple[str, ...]) -> list[str]:

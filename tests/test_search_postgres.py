@@ -22,11 +22,12 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from conftest import run_settings
 from selfspec.errors import SelfspecError
 from selfspec.records.prompt_records import read_jsonl
 from selfspec.search.objective import choose_best
 from selfspec.search.study import FINISHED, fail_dead_trials, open_storage, open_study, quiet_optuna
+
+from helpers import run_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 # Tiny trials (4 search prompts x 12 tokens on the tiny Llama), heartbeats every second, failed after 2 s of silence.

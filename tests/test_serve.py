@@ -16,9 +16,10 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from conftest import run_settings
 from selfspec import SelfSpeculativeDecoder
 from selfspec.models.loading import load_model
+
+from helpers import run_settings
 
 pytestmark = pytest.mark.slow  # run.py server subprocesses
 

@@ -1,10 +1,11 @@
 """Typed settings: built once from the composed config; a bad value is one SelfspecError line naming its key."""
 
 import pytest
-from conftest import run_settings
 
 from selfspec.errors import SelfspecError
 from selfspec.settings import DraftSettings, ModelSettings, RunSettings, SamplingSettings, SkipSettings, named
+
+from helpers import run_settings
 
 
 def test_the_default_run_is_typed_through_and_through():

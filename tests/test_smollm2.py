@@ -4,7 +4,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import run_settings
 
 from selfspec.data.prompt_sets import encode_prompt, load_prompts
 from selfspec.decoding.draft_exit import AdaptiveExit, DraftExit
@@ -12,6 +11,8 @@ from selfspec.decoding.drafters import SelfDrafter
 from selfspec.decoding.speculative import generate
 from selfspec.models.loading import load_model
 from selfspec.settings import default_settings, make_skip_set
+
+from helpers import run_settings
 
 pytestmark = pytest.mark.slow
 SETTINGS = replace(default_settings().sampling, max_new_tokens=48)

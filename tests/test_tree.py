@@ -19,8 +19,7 @@ from selfspec.models.cache import forward, new_cache
 from selfspec.models.tiny import tiny_model
 from selfspec.settings import SkipSet, default_settings, make_skip_set
 
-from conftest import run_settings
-from helpers import assert_cache_holds, hf_greedy
+from helpers import assert_cache_holds, hf_greedy, run_settings
 
 SAMPLING = default_settings().sampling  # the config's: greedy, 128 new tokens
 WINDOW = 8  # sliding window of the tiny Gemma models: shorter than every test sequence

@@ -8,13 +8,14 @@ from pathlib import Path
 import pytest
 import torch
 import wandb
-from conftest import run_settings
 from wandb_history import artifacts
 
 from selfspec.evaluation.task import run
 from selfspec.models.loading import load_model
 from selfspec.search import search_skip_set
 from selfspec.training.kangaroo import train
+
+from helpers import run_settings
 
 WANDB = ["model=tiny_llama", "model.dtype=float64", "logger=wandb", "logger.mode=offline", "data=chat",
          "data.limit=1", "sampling.max_new_tokens=8", "warmup=false"]

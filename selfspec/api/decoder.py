@@ -18,8 +18,7 @@ import torch
 
 from selfspec.api.streaming import Chunk, DecodingStats, stream_chunks
 from selfspec.data.prompt_sets import as_token_ids, calibration_texts
-from selfspec.decoding.hf_baselines import HF_STRATEGIES
-from selfspec.decoding.strategies import NAMES, Strategy, make_strategy
+from selfspec.decoding.strategies import REGISTRY, Strategy, make_strategy
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import output_device
 from selfspec.models.draft_head import DraftHead, make_draft_head
@@ -33,7 +32,7 @@ from selfspec.settings import (DraftSettings, KangarooSettings, SamplingSettings
 # draft exit) and the sampling settings (greedy, 128 new tokens) of callers that give none.
 DEFAULT_DRAFT = default_settings().draft
 DEFAULT_SAMPLING = default_settings().sampling
-STRATEGIES = tuple(name for name in NAMES if name not in HF_STRATEGIES)  # ours: the ones that stream
+STRATEGIES = tuple(name for name, spec in REGISTRY.items() if not spec.hf_baseline)  # ours: the ones that stream
 
 Prompt = str | list[dict] | list[int]  # raw text | chat messages ({"role", "content"}) | token ids
 SkipSpec = SkipSet | SkipSettings | dict | str | Path | None  # {"attn": [...], "mlp": [...]} or a best_skip.yaml
