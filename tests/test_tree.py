@@ -294,3 +294,22 @@ def test_tree_strategies_take_the_hybrid_policy(prompt):
         assert isinstance(lookup.exit_policy, CostAwareExit) == shaped
         assert isinstance(hybrid.ngram.exit_policy, CostAwareExit) == shaped
         assert isinstance(hybrid.fallback.exit_policy, CostAwareExit) == shaped
+
+
+def test_tree_strategies_past_a_model_wide_sliding_window_equal_plain():
+    """Mistral slides every layer by one `config.sliding_window` (no `layer_types`), so its forward takes one mask:
+    the tree's sliding mask, not a dict per layer type."""
+    from transformers import AutoModelForCausalLM, MistralConfig
+
+    torch.manual_seed(0)
+    config = MistralConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=WINDOW)
+    model = AutoModelForCausalLM.from_config(config).double().eval()
+    prompt = list(range(3, 40)) * 2  # repeats itself, so copies have matches; far past the window
+    greedy = replace(SAMPLING, max_new_tokens=30)
+    draft = replace(default_settings().draft, hybrid_policy="fixed", max_tokens=3)
+    plain = generate(model, prompt, greedy).new_tokens
+    assert plain == hf_greedy(model, prompt, 30)
+    for name in ("prompt_lookup_tree", "self_spec_tree"):
+        result = make_strategy(name, model, greedy, (), make_skip_set([1], [], 3), draft).generate(prompt)
+        assert result.new_tokens == plain and result.drafted > 0, name

@@ -10,6 +10,7 @@ then moves that path's K/V next to the prefix, so the cache holds exactly the ke
 
 import torch
 from transformers import LogitsProcessorList
+from transformers.cache_utils import get_layer_types_and_kwargs
 
 from selfspec.decoding.drafters import Draft
 from selfspec.decoding.sampling import accept_probability, residual, sample
@@ -59,13 +60,15 @@ def tree_attention_mask(parents: list[int], start: int, dtype: torch.dtype, devi
 
 
 def model_attention_masks(model, parents: list[int], start: int) -> torch.Tensor | dict:
-    """The mask argument the model's forward takes: one 4D mask (Llama), or one per layer type for models with
-    sliding-window layers (Gemma-2, Gemma-3 pick `mask[config.layer_types[i]]` per layer)."""
+    """The mask argument the model's forward takes: one 4D mask (Llama; Mistral's model-wide sliding window), or one
+    per layer type for models that mix them (Gemma-2, Gemma-3 pick `mask[config.layer_types[i]]` per layer)."""
     config = model.config.get_text_config()
     full = tree_attention_mask(parents, start, model.dtype, input_device(model))
-    if "sliding_attention" not in (getattr(config, "layer_types", None) or ()):
+    if "sliding_attention" not in get_layer_types_and_kwargs(config)[0]:  # the layer types the cache is built from
         return full
     sliding = tree_attention_mask(parents, start, model.dtype, input_device(model), config.sliding_window)
+    if not getattr(config, "layer_types", None):  # one window for every layer: the forward takes one mask
+        return sliding
     return {"full_attention": full, "sliding_attention": sliding}
 
 
