@@ -62,6 +62,7 @@ class SelfSpeculativeDecoder:
         draft = draft or DEFAULT_DRAFT
         layers = num_layers(model)
         skip_set, file_vocab = _skip_set(skip, layers, "skip")
+
         def heads(size: int) -> DraftHead:
             return make_draft_head(model, tokenizer, size, calibration_texts())
 
