@@ -13,7 +13,7 @@ LIMIT ?= 10
 OUT ?=
 ARGS ?=
 
-.PHONY: help install run test test-fast bench search figures reproduce serve clean
+.PHONY: help install run test test-fast bench search train-draft figures reproduce serve clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
@@ -54,6 +54,12 @@ bench: install  ## Benchmark strategies side by side: MODEL=, DATA=, DATA_PATH=,
 search: install  ## Optuna skip-set search, then evaluate the best set: MODEL=, N_TRIALS=, OBJECTIVE=, OUT=
 	$(PY) run.py search=optuna model=$(MODEL) search.n_trials=$(or $(N_TRIALS),60) \
 		search.objective=$(or $(OBJECTIVE),tokens_per_s) hydra.run.dir=$(or $(OUT),outputs/search/$(MODEL)) $(ARGS)
+
+HEAD ?= feature
+
+train-draft: install  ## Train a self-draft on the model's own generations: MODEL=, HEAD=feature|kangaroo, OUT=
+	$(PY) run.py experiment=train_draft model=$(MODEL) draft_head=$(HEAD) \
+		hydra.run.dir=$(or $(OUT),outputs/train_draft/$(MODEL)-$(HEAD)) $(ARGS)
 
 figures: install  ## Figures (PNG + PDF) from the latest records of each experiment into outputs/figures
 	$(PY) -m selfspec.figures --outputs outputs --out outputs/figures $(ARGS)

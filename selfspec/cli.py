@@ -36,11 +36,11 @@ def print_strategies() -> None:
 def run_task(cfg) -> None:
     # imported after Hydra parsed the command line: `--help` stays fast
     from selfspec.evaluation.task import run
-    from selfspec.training.kangaroo import train
+    from selfspec.training.train_draft import train
     from selfspec.serve import serve
     from selfspec.settings import from_config, launch_settings
 
-    tasks = {"evaluate": run, "kangaroo_train": train, "serve": serve}
+    tasks = {"evaluate": run, "train_draft": train, "serve": serve}
     try:
         settings = from_config(cfg)
         settings.launch = launch_settings(HydraConfig.get())

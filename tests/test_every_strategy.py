@@ -1,6 +1,7 @@
 """Losslessness of every registered strategy: greedy decoding equals plain decoding token for token, on the tiny Llama
 and Gemma-2. The strategies come from the registry, so a new one is checked here without touching this file; the
-HF generate baselines are HF's own decoding (tests/test_hf_baselines.py)."""
+HF generate baselines are HF's own decoding (tests/test_hf_baselines.py). The strategies that take a feature head
+(draft.head) draft with an untrained one here, and the hybrid and tree again with the layer-skip draft."""
 
 from dataclasses import replace
 
@@ -10,6 +11,7 @@ from selfspec.decoding.costs import DraftCosts
 from selfspec.decoding.speculative import generate
 from selfspec.decoding.strategies import REGISTRY, make_strategy
 from selfspec.models.draft_head import make_draft_head
+from selfspec.models.feature_head import new_feature_head, save_feature_head
 from selfspec.models.kangaroo_adapter import new_adapter, save_adapter
 from selfspec.models.tiny import tiny_model
 from selfspec.settings import default_settings, make_skip_set
@@ -17,7 +19,7 @@ from selfspec.settings import default_settings, make_skip_set
 DEFAULTS = default_settings()  # the config run.py composes
 GREEDY = replace(DEFAULTS.sampling, max_new_tokens=24)
 DRAFT = replace(DEFAULTS.draft, policy="adaptive", max_tokens=4, ngram_size=2, ngram_tokens=6, hybrid_policy="cost",
-                tree_nodes=6, tree_depth=4, tree_width=3, tree_branch_below=0.6)
+                tree_nodes=6, tree_depth=4, tree_width=3, tree_branch_below=0.6, head=None)
 TEXTS = ["def fib(n):\n    return fib(n - 1) + fib(n - 2)\n\ndef fib", "The cat sat on the mat. The cat sat on"]
 
 
@@ -28,14 +30,20 @@ class PayingCosts:
     def costs(self, skip, head=None) -> DraftCosts:
         return DraftCosts(tuple(10.0 + 0.5 * q for q in range(16)), 0.0 if skip is None else 1.0)
 
+    def costs_of(self, key, measure_draft_ms) -> DraftCosts:
+        return self.costs(key)
+
 
 @pytest.fixture(scope="module")
 def drafting_inputs(tiny, tokenizer, tmp_path_factory):
-    """What any strategy may need, for one tiny model: a second tiny model to draft, an untrained Kangaroo adapter (its
-    drafts are poor: the output must not change), a searched skip set with a reduced draft vocabulary, and costs."""
+    """What any strategy may need, for one tiny model: a second tiny model to draft, an untrained Kangaroo adapter and
+    feature head (their drafts are poor: the output must not change), a searched skip set with a reduced draft
+    vocabulary, and costs."""
     adapter_path = tmp_path_factory.mktemp("kangaroo") / "adapter.pt"
     save_adapter(adapter_path, new_adapter(tiny, 3), tiny, 3)
-    return dict(skip=make_skip_set([1], [2], 6), draft=DRAFT,
+    head_path = adapter_path.with_name("head.pt")
+    save_feature_head(head_path, new_feature_head(tiny), tiny)
+    return dict(skip=make_skip_set([1], [2], 6), draft=replace(DRAFT, head=str(head_path)),
                 draft_model=tiny_model("llama", num_layers=2, seed=1).double(),
                 kangaroo=replace(DEFAULTS.kangaroo, adapter_path=str(adapter_path)),
                 searched=(make_skip_set([2, 4], [3], 6), make_draft_head(tiny, tokenizer, 64, TEXTS)),
@@ -52,3 +60,13 @@ def test_every_strategy_matches_plain(name, tiny, tokenizer, prompt, drafting_in
         assert result.new_tokens == generate(tiny, ids, GREEDY).new_tokens, tokenizer.decode(ids)
         drafted += result.drafted
     assert drafted > 0 or strategy.drafter is None  # a strategy that never drafted would pass by decoding plainly
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("name", ["self_spec_hybrid", "self_spec_tree"])
+def test_layer_skip_hybrid_and_tree_match_plain(name, tiny, tokenizer, prompt, drafting_inputs):
+    """Without draft.head, the strategies that mix copies and a model draft take the layer-skip draft."""
+    strategy = make_strategy(name, tiny, GREEDY, (), **(drafting_inputs | {"draft": DRAFT}))
+    assert type(strategy.drafter.fallback).__name__ in ("SelfDrafter", "SelfTreeDrafter")
+    for ids in (prompt, *(tokenizer(text).input_ids for text in TEXTS)):
+        assert strategy.generate(ids).new_tokens == generate(tiny, ids, GREEDY).new_tokens, tokenizer.decode(ids)

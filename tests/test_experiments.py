@@ -33,7 +33,7 @@ def resolved(cfg) -> dict:
 
 def test_every_experiment_has_a_config_figures_and_a_notebook():
     assert sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")) == sorted([*runs_.EXPERIMENTS, "bench",
-                                                                             "kangaroo_train"])
+                                                                             "kangaroo_train", "train_draft"])
     assert set(figs.FIGURE_GROUPS) == set(runs_.EXPERIMENTS) == set(FIGURES) == set(TEST_RUNS)
     for name in runs_.EXPERIMENTS:
         assert (ROOT / "notebooks" / f"{name}.py").is_file()

@@ -1,6 +1,5 @@
-"""Kangaroo: lossless drafting with a trained adapter, its training (loss, checkpoints, resume) and run.py."""
+"""Kangaroo: lossless drafting with a trained adapter, saving and loading it (training: tests/test_train_draft.py)."""
 
-import json
 import random
 from dataclasses import replace
 
@@ -17,12 +16,10 @@ from selfspec.models.output_layer import model_logits
 from selfspec.models.skip import decoder_layers
 from selfspec.models.tiny import tiny_model
 from selfspec.settings import default_settings
-from selfspec.training.kangaroo import collect, train_adapter
 
-from helpers import chi_square_pvalue, exact_pair_distribution, run_py
+from helpers import chi_square_pvalue, exact_pair_distribution
 
 SAMPLING = default_settings().sampling  # the config's: greedy, 128 new tokens
-TRAIN = default_settings().kangaroo.train  # the config's kangaroo.train
 ADAPTIVE = default_settings().draft.adaptive_options  # the config's adaptive rule (conf/draft/adaptive.yaml)
 GREEDY = replace(SAMPLING, max_new_tokens=60)
 TEXTS = ["def add(a, b):\n    return", "Hello there, how are", "import numpy as np\nx = np.",
@@ -103,56 +100,17 @@ def test_a_saved_adapter_reloads_with_identical_draft_logits(tiny, tmp_path):
     assert torch.equal(logits[0], logits[1]) and not torch.equal(logits[0], logits[2])
 
 
-def collected(model, tokenizer, tmp_path):
-    return collect(model, [tokenizer(t).input_ids for t in TEXTS], 2, 24, tmp_path / "kangaroo_data", ())
-
-
-def test_training_lowers_the_validation_loss(tiny, tokenizer, tmp_path):
-    seqs = collected(tiny, tokenizer, tmp_path)
-    assert [len(s.tokens) for s in seqs] == [len(tokenizer(t).input_ids) + 24 for t in TEXTS]
-    history = train_adapter(tiny, 2, seqs, replace(TRAIN, epochs=3, lr=3e-3, val_fraction=0.34), tmp_path)
-    assert [h["epoch"] for h in history] == [0, 1, 2, 3]
-    assert history[-1]["val_loss"] < history[0]["val_loss"]
-    saved = torch.load(tmp_path / "adapter.pt", weights_only=True)
-    assert saved["val_loss"] == min(h["val_loss"] for h in history) and saved["exit_layer"] == 2
-
-
-def test_resumed_training_continues_where_it_stopped(tokenizer, tmp_path):
-    """2 epochs, then a rerun asking for 4, ends exactly where 4 epochs in one go end (adapter, optimizer)."""
-    model = tiny_model("llama", num_layers=4, hidden_size=32).double()
-    settings = replace(TRAIN, epochs=4, lr=3e-3, val_fraction=0.34)
-    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
-    straight.mkdir(), stopped.mkdir()
-    seqs = collected(model, tokenizer, tmp_path)
-    full = train_adapter(model, 2, seqs, settings, straight)
-    first = train_adapter(model, 2, seqs, replace(TRAIN, epochs=2, lr=3e-3, val_fraction=0.34), stopped)
-    resumed = train_adapter(model, 2, seqs, settings, stopped)
-    assert resumed[:3] == first and resumed == full
-    a, b = (torch.load(d / "checkpoint.pt", weights_only=True) for d in (straight, stopped))
-    assert all(torch.equal(a["adapter"][k], b["adapter"][k]) for k in a["adapter"])
-    steps = {int(s["step"]) for s in b["optimizer"]["state"].values()}
-    assert steps == {4 * 4}  # 4 epochs of 4 training sequences
-
-
-def test_collection_reuses_its_files(tiny, tokenizer, tmp_path):
-    first = collected(tiny, tokenizer, tmp_path)
-    stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "kangaroo_data").iterdir()}
-    again = collected(tiny, tokenizer, tmp_path)
-    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "kangaroo_data").iterdir()} == stamps
-    assert all(torch.equal(x.shallow, y.shallow) for x, y in zip(first, again))
-
-
 def test_bad_exit_layers_and_adapter_paths(tiny, tmp_path):
     for bad in (0, 6, -1):  # a non-integer is refused by the typed settings (tests/test_settings.py)
         with pytest.raises(SelfspecError, match=rf"kangaroo.exit_layer={bad} is out of range; allowed: 1..5"):
             check_exit_layer(bad, 6)
     assert check_exit_layer(None, 6) == 3
-    with pytest.raises(SelfspecError, match="needs kangaroo.adapter_path"):
+    with pytest.raises(SelfspecError, match="kangaroo.adapter_path is not set"):
         load_adapter(None, tiny)
     with pytest.raises(SelfspecError, match="kangaroo.adapter_path='nope.pt' does not exist"):
         load_adapter("nope.pt", tiny)
     (tmp_path / "junk.pt").write_text("not a checkpoint")
-    with pytest.raises(SelfspecError, match="junk.pt' is not a Kangaroo adapter file"):
+    with pytest.raises(SelfspecError, match="junk.pt' is not a trained draft file"):
         load_adapter(tmp_path / "junk.pt", tiny)
     save_adapter(tmp_path / "adapter.pt", new_adapter(tiny, 2), tiny, 2)
     with pytest.raises(SelfspecError, match="kangaroo.exit_layer=3 but .* trained for exit layer 2"):
@@ -160,40 +118,3 @@ def test_bad_exit_layers_and_adapter_paths(tiny, tmp_path):
     other = tiny_model(tiny.config.model_type, num_layers=6, seed=5).double()  # same shapes, other weights
     with pytest.raises(SelfspecError, match="adapter.pt' was trained for another model"):
         load_adapter(tmp_path / "adapter.pt", other)
-
-
-TINY_RUN = ["model=tiny_llama", "model.dtype=float64", "logger=none"]  # every run.py call here starts with these
-
-
-@pytest.mark.slow
-def test_run_py_trains_resumes_and_benchmarks_kangaroo(tmp_path):
-    train = ["experiment=kangaroo_train", "kangaroo.train.sets=[chat]", "kangaroo.train.prompts_per_set=3",
-             "kangaroo.train.max_new_tokens=8", "kangaroo.exit_layer=4", f"hydra.run.dir={tmp_path / 'train'}"]
-    result = run_py(*TINY_RUN, *train, "kangaroo.train.epochs=1", timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    adapter = tmp_path / "train" / "adapter.pt"
-    assert adapter.is_file() and f"kangaroo.adapter_path={adapter}" in result.stdout
-    assert "collect: 100%" in result.stderr and "train: 100%" in result.stderr
-    result = run_py(*TINY_RUN, *train[:-1], "kangaroo.train.epochs=2", f"kangaroo.resume={tmp_path / 'train'}",
-                    f"hydra.run.dir={tmp_path / 'resume'}", timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "resuming from" in result.stdout and "after epoch 1" in result.stdout and "epoch 2:" in result.stdout
-    result = run_py(*TINY_RUN, "data=chat", "data.limit=2", "sampling.max_new_tokens=24", "strategies=[plain,kangaroo]",
-                    f"kangaroo.adapter_path={adapter}", f"hydra.run.dir={tmp_path / 'eval'}", timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
-    assert list(summary) == ["plain", "kangaroo"]
-    assert summary["kangaroo"]["outputs_match_plain"] == 1.0 and summary["kangaroo"]["acceptance_rate"] is not None
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("overrides,message", [
-    (["strategies=[plain,kangaroo]", "kangaroo.adapter_path=nope.pt"], "kangaroo.adapter_path='nope.pt' does not exist"),
-    (["experiment=kangaroo_train", "kangaroo.exit_layer=9"], "kangaroo.exit_layer=9 is out of range; allowed: 1..5"),
-    (["experiment=kangaroo_train", "kangaroo.resume=nowhere"], "kangaroo.resume='nowhere' holds no checkpoint.pt"),
-    (["task=fly"], "task='fly' is unknown; allowed: evaluate, kangaroo_train"),
-])
-def test_bad_kangaroo_values_end_with_one_clear_line(tmp_path, overrides, message):
-    result = run_py(*TINY_RUN, "data.limit=1", f"hydra.run.dir={tmp_path}", *overrides, timeout=300)
-    assert result.returncode != 0 and message in result.stderr
-    assert "Traceback" not in result.stderr

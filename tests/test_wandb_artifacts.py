@@ -13,7 +13,7 @@ from wandb_history import artifacts
 from selfspec.evaluation.task import run
 from selfspec.models.loading import load_model
 from selfspec.search import search_skip_set
-from selfspec.training.kangaroo import train
+from selfspec.training.train_draft import train
 
 from helpers import run_settings
 
@@ -63,13 +63,14 @@ def test_a_search_logs_its_best_skip_set_and_trials(tmp_path):
     assert best["files"]["best_skip.yaml"] == md5(tmp_path / "best_skip.yaml")
 
 
-def test_kangaroo_training_logs_its_best_adapter(tmp_path):
-    settings = run_settings(*WANDB, "experiment=kangaroo_train", "kangaroo.train.sets=[chat]",
-                            "kangaroo.train.prompts_per_set=3", "kangaroo.train.max_new_tokens=8",
-                            "kangaroo.exit_layer=4", "kangaroo.train.epochs=1")
-    adapter = train(settings, tmp_path)
+@pytest.mark.parametrize("kind,file", [("feature", "head.pt"), ("kangaroo", "adapter.pt")])
+def test_draft_training_logs_its_losses_and_best_part(tmp_path, kind, file):
+    settings = run_settings(*WANDB, "experiment=train_draft", f"draft_head={kind}", "train.sets=[chat]",
+                            "train.prompts_per_set=3", "train.samples_per_prompt=1", "train.max_new_tokens=8",
+                            "kangaroo.exit_layer=4", "train.epochs=1")
+    part = train(settings, tmp_path)
     found = logged(tmp_path)
-    assert list(found) == ["tiny_llama-kangaroo-exit4"]
-    model = found["tiny_llama-kangaroo-exit4"]
-    assert model["type"] == "model" and model["files"] == {"adapter.pt": md5(adapter)}
-    assert model["metadata"]["val_loss"] == torch.load(adapter, weights_only=True)["val_loss"]
+    assert list(found) == [f"tiny_llama-{kind}"]
+    model = found[f"tiny_llama-{kind}"]
+    assert model["type"] == "model" and model["files"] == {file: md5(part)}
+    assert model["metadata"]["val_loss"] == torch.load(part, weights_only=True)["val_loss"]

@@ -110,10 +110,15 @@ class CostMeter:
         if self.verify_ms is None:
             self.verify_ms = tuple(measure_verify_ms(self.model, self.max_q, self.repeats))
         if skip is None:
-            return DraftCosts(self.verify_ms, 0.0)
-        key = (skip, id(head))
+            return self.costs_of(None, lambda: 0.0)
+        return self.costs_of((skip, id(head)), lambda: measure_draft_ms(self.model, skip, head, self.repeats))
+
+    def costs_of(self, key, measure_draft_ms) -> DraftCosts:
+        """The costs of the drafter `key`, its draft token timed by `measure_draft_ms()` (milliseconds) once."""
+        if self.verify_ms is None:
+            self.verify_ms = tuple(measure_verify_ms(self.model, self.max_q, self.repeats))
         if key not in self.draft_ms:
-            self.draft_ms[key] = measure_draft_ms(self.model, skip, head, self.repeats)
+            self.draft_ms[key] = measure_draft_ms()
         return DraftCosts(self.verify_ms, self.draft_ms[key])
 
     def summary(self) -> str:
@@ -121,9 +126,15 @@ class CostMeter:
         if self.verify_ms is None:
             return ""
         verify = ", ".join(f"{q}: {ms:.1f}" for q, ms in enumerate(self.verify_ms, 1))
-        drafts = "".join(f"; d {ms:.1f} ms with {len(skip.attn) + len(skip.mlp)} sublayers skipped"
-                         for (skip, _), ms in self.draft_ms.items())
+        drafts = "".join(f"; d {ms:.1f} ms {describe_drafter(key)}" for key, ms in self.draft_ms.items() if key)
         return f"cost model: c(q) ms {verify}{drafts}"
+
+
+def describe_drafter(key) -> str:
+    """A CostMeter key in words: a layer-skip draft (skip set, vocabulary head) or another drafter's name."""
+    if isinstance(key[0], SkipSet):
+        return f"with {len(key[0].attn) + len(key[0].mlp)} sublayers skipped"
+    return f"with the {key[0].replace('_', ' ')}"
 
 
 def expected_speedup(mean_accepted_tokens: float, drafted_per_step: float, skipped_fraction: float) -> float:

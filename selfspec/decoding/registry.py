@@ -8,10 +8,11 @@ gathers those lists into `REGISTRY`, the one table `make_strategy` and `python -
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from selfspec.decoding.costs import CostMeter
+from selfspec.decoding.costs import CostMeter, DraftCosts
 from selfspec.decoding.draft_exit import CostAwareExit, DraftExit, make_exit_policy
 from selfspec.errors import SelfspecError
 from selfspec.models.draft_head import DraftHead
+from selfspec.models.feature_head import FeatureHead, loaded_feature_head
 from selfspec.settings import DraftSettings, HFSettings, KangarooSettings, SamplingSettings, SkipSet
 
 
@@ -31,6 +32,11 @@ class StrategyInputs:
     searched: tuple[SkipSet, DraftHead | None] | None = None  # self_spec_searched's skip set and draft head
 
     @property
+    def feature_head(self) -> FeatureHead | None:
+        """draft.head, loaded on first use (once per model): the model draft of self_spec_head, hybrid and tree."""
+        return loaded_feature_head(self.model, self.draft.head)
+
+    @property
     def hybrid_policy(self) -> str:
         """The policy of the strategies that mix copies and model drafts: draft.hybrid_policy, else draft.policy."""
         return self.draft.hybrid_policy or self.draft.policy
@@ -40,7 +46,16 @@ class StrategyInputs:
         """A fresh policy, so no two strategies share one; the cost-aware one gets the costs of drafting with
         `drafted_by` and `head` (None: copies, which cost nothing to draft)."""
         costs = self.costs.costs(drafted_by, head) if policy == "cost" else None
+        return self.make_exit_policy(policy, costs, max_tokens)
+
+    def make_exit_policy(self, policy: str, costs: DraftCosts | None, max_tokens: int | None = None) -> DraftExit:
+        """A fresh `policy`; the cost-aware one needs the drafter's `costs`."""
         return make_exit_policy(self.draft, self.settings.greedy, policy, costs, max_tokens)
+
+    def require_feature_head(self, strategy: str) -> None:
+        if self.feature_head is None:
+            raise SelfspecError(f"strategy {strategy} needs draft.head=<head.pt> (or shipped, where the model ships "
+                                f"one); train one with python run.py experiment=train_draft draft_head=feature")
 
     def copy_policy(self, policy: str) -> CostAwareExit | None:
         """The copiers' cost-aware policy, which may copy up to draft.ngram_tokens; None under other policies."""

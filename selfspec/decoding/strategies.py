@@ -12,7 +12,8 @@ import torch
 
 from selfspec.decoding import hf_baselines
 from selfspec.decoding.costs import CostMeter
-from selfspec.decoding.drafters import Drafter, hybrid, layer_skip, layer_skip_tree, ngram, ngram_tree, two_model
+from selfspec.decoding.drafters import (Drafter, feature_head, hybrid, layer_skip, layer_skip_tree, ngram, ngram_tree,
+                                       two_model)
 from selfspec.decoding.drafters import kangaroo as kangaroo_drafter
 from selfspec.decoding.hf_baselines import HFStrategy
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
@@ -26,8 +27,8 @@ from selfspec.settings import DraftSettings, HFSettings, KangarooSettings, Sampl
 PLAIN = StrategySpec("plain", "the full model alone, one token per forward: the output every strategy must equal",
                      lambda inputs: None)
 # every strategy by name, in the order listings show them; a module with new strategies joins here
-REGISTRY = {spec.name: spec for spec in (PLAIN, *layer_skip.STRATEGIES, *hybrid.STRATEGIES, *ngram.STRATEGIES,
-                                         *two_model.STRATEGIES, *kangaroo_drafter.STRATEGIES,
+REGISTRY = {spec.name: spec for spec in (PLAIN, *layer_skip.STRATEGIES, *hybrid.STRATEGIES, *feature_head.STRATEGIES,
+                                         *ngram.STRATEGIES, *two_model.STRATEGIES, *kangaroo_drafter.STRATEGIES,
                                          *hf_baselines.STRATEGIES, *ngram_tree.STRATEGIES, *layer_skip_tree.STRATEGIES)}
 NAMES = tuple(REGISTRY)
 

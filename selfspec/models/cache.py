@@ -86,6 +86,12 @@ class RewindableCache(Cache):
             raise ValueError(f"{len(windows)} sliding windows for {num_layers} layers")
         super().__init__(layers=[RewindableLayer(max_len, window) for window in windows])
         self.max_len = max_len
+        self.followers: list[torch.Tensor] = []  # (max_len, ...) per-position buffers that `compact` moves too
+
+    def follow(self, buffer: torch.Tensor) -> None:
+        """Keep `buffer` (max_len, ...), indexed as the cache (e.g. a draft head's features), in step with the
+        entries: a tree's accepted path moves in it as in the K/V."""
+        self.followers.append(buffer)
 
     def rewind(self, length: int) -> None:
         """Make `length` the valid prefix on every layer: the next forward writes at position `length`."""
@@ -97,6 +103,9 @@ class RewindableCache(Cache):
         the cache is rewound to just after them (decoding/tree.py)."""
         for layer in self.layers:
             layer.compact(first, sources)
+        with torch.inference_mode():
+            for buffer in self.followers if sources else ():
+                buffer[first:first + len(sources)] = buffer[torch.tensor(sources, device=buffer.device)]
 
 
 def new_cache(model, max_len: int) -> RewindableCache:

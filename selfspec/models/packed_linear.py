@@ -60,11 +60,20 @@ def pack_linears(model) -> int:
     it is often tied to the embedding, which must stay dense)."""
     if not can_pack(model):
         return 0
+    return sum(_pack(layer) for layer in decoder_layers(model))
+
+
+def pack_module(module, model) -> int:
+    """Pack the linears of `module` (a trained draft part running beside `model`) if `model`'s are packed."""
+    packed = any(isinstance(m, PackedLinear) for m in model.modules())
+    return _pack(module) if packed and can_pack(module) else 0
+
+
+def _pack(module) -> int:
     replaced = 0
-    for layer in decoder_layers(model):
-        for parent in list(layer.modules()):
-            for name, child in list(parent.named_children()):
-                if type(child) is nn.Linear:
-                    setattr(parent, name, PackedLinear(child))
-                    replaced += 1
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                setattr(parent, name, PackedLinear(child))
+                replaced += 1
     return replaced

@@ -15,12 +15,13 @@ from selfspec.settings.config import (LaunchSettings, RunOptions, RunSettings, d
                                       launch_settings)
 from selfspec.settings.decoding import (POLICIES, DraftSettings, SamplingSettings, SkipSet, SkipSettings,
                                         default_threshold, make_skip_set)
-from selfspec.settings.groups import (DEVICE_MAP_PLANS, FORMAT_NAMES, DataSettings, HFSettings, KangarooSettings,
-                                      LoggerSettings, ModelSettings, SearchSettings, ServeSettings, TrainSettings)
+from selfspec.settings.groups import (DEVICE_MAP_PLANS, FORMAT_NAMES, DataSettings, DraftHeadSettings, HFSettings,
+                                      KangarooSettings, LoggerSettings, ModelSettings, SearchSettings, ServeSettings,
+                                      TrainSettings)
 from selfspec.settings.typed import named, named_error, typed
 
-__all__ = ["DEVICE_MAP_PLANS", "FORMAT_NAMES", "POLICIES", "DataSettings", "DraftSettings", "HFSettings",
-           "KangarooSettings", "LaunchSettings", "LoggerSettings", "ModelSettings", "RunOptions", "RunSettings",
+__all__ = ["DEVICE_MAP_PLANS", "FORMAT_NAMES", "POLICIES", "DataSettings", "DraftHeadSettings", "DraftSettings",
+           "HFSettings", "KangarooSettings", "LaunchSettings", "LoggerSettings", "ModelSettings", "RunOptions", "RunSettings",
            "SamplingSettings", "SearchSettings", "ServeSettings", "SkipSet", "SkipSettings", "TrainSettings",
            "default_settings", "default_threshold", "from_config", "launch_settings", "make_skip_set", "named",
            "named_error", "typed"]

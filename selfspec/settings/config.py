@@ -10,11 +10,11 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from selfspec.errors import SelfspecError
 from selfspec.settings.decoding import DraftSettings, SamplingSettings, SkipSettings
-from selfspec.settings.groups import (DataSettings, HFSettings, KangarooSettings, LoggerSettings, ModelSettings,
-                                      SearchSettings, ServeSettings)
+from selfspec.settings.groups import (DataSettings, DraftHeadSettings, HFSettings, KangarooSettings, LoggerSettings,
+                                      ModelSettings, SearchSettings, ServeSettings, TrainSettings)
 from selfspec.settings.typed import CONF, at_least, one_of, type_error, typed
 
-TASKS = ("evaluate", "kangaroo_train", "serve")
+TASKS = ("evaluate", "train_draft", "serve")
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,8 @@ class RunSettings(RunOptions):
     logger: LoggerSettings
     hf: HFSettings
     kangaroo: KangarooSettings
+    draft_head: DraftHeadSettings
+    train: TrainSettings
     launch: LaunchSettings = field(default_factory=LaunchSettings)  # set by run.py from Hydra's runtime config
     serve: Optional[ServeSettings] = None
 
@@ -92,6 +94,8 @@ def from_config(cfg: DictConfig) -> RunSettings:
         search=typed(SearchSettings, plain["search"], "search") if plain.get("search") else None,
         data=typed(DataSettings, plain["data"], "data"), logger=typed(LoggerSettings, plain["logger"], "logger"),
         hf=typed(HFSettings, plain["hf"], "hf"), kangaroo=typed(KangarooSettings, plain["kangaroo"], "kangaroo"),
+        draft_head=typed(DraftHeadSettings, plain["draft_head"], "draft_head"),
+        train=typed(TrainSettings, plain["train"], "train"),
         serve=typed(ServeSettings, plain["serve"], "serve") if plain.get("serve") else None)
 
 

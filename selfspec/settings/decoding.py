@@ -110,6 +110,7 @@ class DraftSettings:
     tree_depth: int
     tree_width: int
     tree_branch_below: float  # and the layer-skip draft branches where its top probability is below this
+    head: Optional[str]  # a trained feature head (head.pt, or shipped): self_spec_head's, and hybrid's and trees' draft
 
     def __post_init__(self):
         one_of("policy", self.policy, POLICIES)

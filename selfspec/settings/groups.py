@@ -1,4 +1,4 @@
-"""The settings of the run's other groups: model, data, search, logger, hf, kangaroo (and its training), serve."""
+"""The settings of the run's other groups: model, data, search, logger, hf, kangaroo, draft_head and train, serve."""
 
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -70,6 +70,7 @@ class ModelSettings:
     draft_max_tokens: Optional[int] = None
     hf_early_exit_layer: Optional[int] = None  # read by the bench experiment
     searched_skip: Optional[SkipSettings] = None  # strategy self_spec_searched
+    feature_head: Optional[str] = None  # read by the draft group (draft.head): shipped, or a head.pt
 
     def __post_init__(self):
         one_of("source", self.source, MODEL_SOURCES)
@@ -183,36 +184,59 @@ class HFSettings:
                                 f"0 drafts a fixed length")
 
 
+DRAFT_HEAD_KINDS = ("feature", "kangaroo")
+
+
 @dataclass(frozen=True)
 class TrainSettings:
-    """The `kangaroo.train` block; code that trains without run.py takes default_settings().kangaroo.train."""
-    sets: tuple[str, ...]
-    prompts_per_set: Optional[int]  # from the calibration half of each set; None = all of it
+    """The `train` block: the data and optimisation of experiment=train_draft (training/)."""
+    sets: tuple[str, ...]  # training prompts: the calibration half of each of these shipped sets
+    prompt_file: Optional[str]  # and every prompt of this file (any prompt-file format of data=jsonl)
+    prompts_per_set: Optional[int]  # None = the whole calibration half
+    samples_per_prompt: int  # sequences per prompt: the greedy one, then sampled ones
+    temperature: float  # of the sampled ones
     max_new_tokens: int
+    generate_batch: int  # prompts per batched generate call (and per data shard)
     epochs: int
+    batch_size: int  # sequences per optimiser step
     lr: float
     weight_decay: float
-    hard_label_weight: float
     val_fraction: float
+    max_minutes: Optional[float]  # stop after the epoch that passes this (data included); None = all epochs
     seed: int
+    resume: Optional[str]  # an earlier train_draft run dir: go on training there
 
     def __post_init__(self):
         for name, ok in (("epochs", self.epochs >= 1), ("max_new_tokens", self.max_new_tokens >= 1),
+                         ("samples_per_prompt", self.samples_per_prompt >= 1), ("temperature", self.temperature > 0),
+                         ("generate_batch", self.generate_batch >= 1), ("batch_size", self.batch_size >= 1),
                          ("lr", self.lr > 0), ("weight_decay", self.weight_decay >= 0),
-                         ("hard_label_weight", self.hard_label_weight >= 0),
                          ("val_fraction", 0 < self.val_fraction < 1),
+                         ("max_minutes", self.max_minutes is None or self.max_minutes > 0),
                          ("prompts_per_set", self.prompts_per_set is None or self.prompts_per_set >= 1)):
             if not ok:
                 raise SelfspecError(f"{name}={getattr(self, name)!r} is out of range")
 
 
+@dataclass(frozen=True)
+class DraftHeadSettings:
+    """The `draft_head` group: which draft experiment=train_draft trains, and its loss."""
+    kind: str  # feature | kangaroo
+    feature_weight: float  # x smooth-L1 between predicted and true final hidden states
+    soft_ce_weight: float  # x cross-entropy against the full model's next-token distribution
+    feature_noise: float  # std of the Gaussian noise on the draft's input states while training
+
+    def __post_init__(self):
+        one_of("kind", self.kind, DRAFT_HEAD_KINDS)
+        for name in ("feature_weight", "soft_ce_weight", "feature_noise"):
+            at_least(name, getattr(self, name), 0)
+
+
 @dataclass(kw_only=True)
 class KangarooSettings:
-    """The `kangaroo` group: the adapter the `kangaroo` strategy drafts with, and its training."""
+    """The `kangaroo` group: the adapter the `kangaroo` strategy drafts with, and the exit layer it is trained at."""
     adapter_path: Optional[str] = None
     exit_layer: Optional[int] = None  # layers before the adapter; None: half the model's layers
-    resume: Optional[str] = None
-    train: TrainSettings
 
 
 @dataclass(kw_only=True)

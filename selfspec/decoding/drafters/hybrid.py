@@ -1,7 +1,8 @@
-"""An n-gram copy when the context has one, else a model drafter's draft (self_spec_hybrid)."""
+"""An n-gram copy when the context has one, else a model drafter's draft (self_spec_hybrid): the feature head's where
+`draft.head` is set, else the layer-skip draft's."""
 
 from selfspec.decoding.drafters.base import Draft, Drafter, GenerationContext
-from selfspec.decoding.drafters.layer_skip import build_self_spec
+from selfspec.decoding.drafters.feature_head import model_drafter
 from selfspec.decoding.drafters.ngram import NGRAM, NgramDrafter
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
 
@@ -41,10 +42,10 @@ def build_self_spec_hybrid(inputs: StrategyInputs) -> HybridDrafter:
     policy, draft = inputs.hybrid_policy, inputs.draft
     copy_cap = draft.ngram_tokens if policy == "cost" else min(draft.ngram_tokens, draft.max_tokens)
     copier = NgramDrafter(inputs.model, draft.ngram_size, copy_cap, inputs.copy_policy(policy))
-    return HybridDrafter(copier, build_self_spec(inputs, policy))
+    return HybridDrafter(copier, model_drafter(inputs, policy))
 
 
 STRATEGIES = (
-    StrategySpec("self_spec_hybrid", "an n-gram copy when the context has one, else the layer-skip draft "
-                 "(draft.hybrid_policy)", build_self_spec_hybrid),
+    StrategySpec("self_spec_hybrid", "an n-gram copy when the context has one, else the layer-skip draft (the "
+                 "feature head where draft.head is set), under draft.hybrid_policy", build_self_spec_hybrid),
 )

@@ -1,9 +1,11 @@
-"""Draft & Verify's layer-skip draft as a token tree: its chain, plus the runner-up tokens where it is unsure."""
+"""Draft & Verify's layer-skip draft as a token tree: its chain, plus the runner-up tokens where it is unsure; the
+feature head's the same way (self_spec_tree takes it where `draft.head` is set)."""
 
 import torch
 
 from selfspec.decoding.draft_exit import CostAwareExit, DraftExit, confidence_bin
 from selfspec.decoding.drafters.base import Draft
+from selfspec.decoding.drafters.feature_head import HeadDrafting, HeadFeatures, head_exit_policy, no_skip
 from selfspec.decoding.drafters.hybrid import HybridDrafter
 from selfspec.decoding.drafters.layer_skip import SelfDrafter
 from selfspec.decoding.drafters.ngram_tree import build_prompt_lookup_tree
@@ -129,17 +131,30 @@ def branches(probs: torch.Tensor, width: int, greedy: bool, generator) -> list[t
     return chosen
 
 
+class HeadTreeDrafter(HeadDrafting, SelfTreeDrafter):
+    """The feature head's chain, and its runner-up tokens where it is unsure, as a token tree."""
+
+    def __init__(self, model, features: HeadFeatures, exit_policy: DraftExit, nodes: int, depth: int, width: int,
+                 branch_below: float):
+        super().__init__(model, no_skip(model), exit_policy, features.vocab_head, nodes, depth, width, branch_below)
+        self.features = features
+
+
 def build_self_spec_tree(inputs: StrategyInputs) -> HybridDrafter:
-    """prompt_lookup_tree's trie when the context has matches, else this drafter's tree; both under
-    draft.hybrid_policy, where the cost-aware exit shapes each tree (depth, branches, none) from the measured costs."""
-    draft, skip, head = inputs.draft, inputs.skip, inputs.draft_head
-    trie = build_prompt_lookup_tree(inputs)
-    tree = SelfTreeDrafter(inputs.model, skip, inputs.exit_policy(inputs.hybrid_policy, skip, head), head,
-                           draft.tree_nodes, draft.tree_depth, draft.tree_width, draft.tree_branch_below)
-    return HybridDrafter(trie, tree)
+    """prompt_lookup_tree's trie when the context has matches, else the model draft's tree (the feature head's where
+    draft.head is set, else the layer-skip draft's); both under draft.hybrid_policy, where the cost-aware exit
+    shapes each tree (depth, branches, none) from the measured costs."""
+    draft, skip, head, policy = inputs.draft, inputs.skip, inputs.draft_head, inputs.hybrid_policy
+    shape = (draft.tree_nodes, draft.tree_depth, draft.tree_width, draft.tree_branch_below)
+    if inputs.feature_head is None:
+        tree = SelfTreeDrafter(inputs.model, skip, inputs.exit_policy(policy, skip, head), head, *shape)
+    else:
+        features = HeadFeatures(inputs.model, inputs.feature_head, head)
+        tree = HeadTreeDrafter(inputs.model, features, head_exit_policy(inputs, policy), *shape)
+    return HybridDrafter(build_prompt_lookup_tree(inputs), tree)
 
 
 STRATEGIES = (
     StrategySpec("self_spec_tree", "prompt_lookup_tree's trie when the context has matches, else the layer-skip draft "
-                 "branching where it is unsure", build_self_spec_tree),
+                 "(the feature head where draft.head is set) branching where it is unsure", build_self_spec_tree),
 )

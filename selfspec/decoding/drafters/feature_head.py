@@ -1,0 +1,149 @@
+"""The feature-level draft head as a drafter (models/feature_head.py): chains under the draft-exit policy, and token
+trees (its runner-up tokens where it is unsure), as the layer-skip draft drafts them.
+
+The head reads the full model's final hidden state at every kept position. While a generation runs, a forward hook
+on the model's base keeps each forward's final hidden states at their cache indices: the prefill's and every
+verification's, a tree's nodes included. The cache follows them (`RewindableCache.follow`), so compacting a tree's
+accepted path moves its states too, and index i always holds the state of the token kept at position i. The next
+draft first runs the head over the kept positions it has not seen (the accepted drafts and the bonus token), whose
+last prediction gives the first draft token; each further draft token costs one head step on its own prediction.
+"""
+
+import torch
+
+from selfspec.decoding.costs import CONTEXT, timed_ms
+from selfspec.decoding.draft_exit import DraftExit
+from selfspec.decoding.drafters.base import Draft, GenerationContext
+from selfspec.decoding.drafters.layer_skip import SelfDrafter, build_self_spec
+from selfspec.decoding.registry import StrategyInputs, StrategySpec
+from selfspec.models.cache import RewindableCache
+from selfspec.models.devices import execution_device, input_device, output_device
+from selfspec.models.draft_head import DraftHead
+from selfspec.models.feature_head import FeatureHead
+from selfspec.models.output_layer import model_logits
+from selfspec.models.skip import num_layers
+from selfspec.settings import SkipSet, make_skip_set
+
+
+class HeadFeatures:
+    """One generation's state of a feature head: the full model's final hidden states by cache index, the head's
+    own one-layer cache, how far it holds verified inputs, and its last predicted feature."""
+
+    def __init__(self, model, head: FeatureHead, vocab_head: DraftHead | None = None):
+        self.model, self.head, self.vocab_head = model, head, vocab_head
+        self.hook, self.cache, self.features = None, None, None
+
+    def begin(self, cache: RewindableCache) -> None:
+        self.stop()
+        self.cache, self.tokens = cache, []
+        self.head_cache = RewindableCache(1, cache.max_len)
+        self.seen = 0  # head positions 0..seen-1 ran on verified features and kept tokens
+        self.hook = self.model.model.register_forward_hook(self._keep, with_kwargs=True)
+
+    def stop(self) -> None:
+        """Remove the hook and let go of the generation's cache (the hook does this itself once a forward over
+        another cache runs)."""
+        if self.hook is not None:
+            self.hook.remove()
+        self.hook, self.cache, self.features = None, None, None
+
+    def _keep(self, base, args, kwargs, output) -> None:
+        """Copy the forward's final hidden states (1, q, hidden) to the cache indices its K/V went to."""
+        cache = kwargs.get("past_key_values")
+        if cache is not self.cache:
+            if cache is not None:  # our generation has ended: another one runs (a forward without a cache: none)
+                self.stop()
+            return
+        hidden = output.last_hidden_state[0]  # (q, hidden)
+        if self.features is None:
+            self.features = hidden.new_zeros(self.cache.max_len, hidden.shape[-1])  # (max_len, hidden)
+            self.cache.follow(self.features)
+        start = self.cache.get_seq_length() - len(hidden)  # the forward wrote its K/V at start..
+        self.features[start:start + len(hidden)] = hidden
+
+    @torch.inference_mode()
+    def next_logits(self, ids: list[int], start: int) -> torch.Tensor:
+        """(vocab,) draft logits for the token after `ids` (at positions start..). The draft's first call (its last
+        kept token) runs the head over every kept position it has not seen; later ones on its own prediction."""
+        if start == len(self.tokens) - 1:  # head position j takes h_j and token j + 1: catch up to j = start - 1
+            first, features = self.seen, self.features[self.seen:start]  # (q, hidden)
+            ids, self.seen = self.tokens[self.seen + 1:start + 1], start
+        else:
+            first, features = start - 1, self.predicted[None]  # (1, hidden)
+        device = execution_device(self.head)
+        embeds = self.model.get_input_embeddings()(torch.tensor([ids], device=input_device(self.model)))
+        positions = torch.arange(first, first + len(ids), device=device)[None]  # (1, q)
+        self.head_cache.rewind(first)
+        self.predicted = self.head(features[None].to(device), embeds.to(device), positions, self.head_cache)[0, -1]
+        if self.vocab_head is not None:
+            return self.vocab_head.logits(self.predicted)
+        return model_logits(self.model, self.predicted[None])[0]
+
+
+class HeadDrafting:
+    """Drafts from a feature head instead of the layer-skipped model (mixed into the chain and tree drafters)."""
+    features: HeadFeatures
+
+    def begin(self, context: GenerationContext) -> None:
+        super().begin(context)
+        self.features.begin(context.cache)
+
+    def next_logits(self, ids: list[int], start: int) -> torch.Tensor:
+        return self.features.next_logits(ids, start)
+
+    def draft(self, tokens: list[int], max_tokens: int) -> Draft:
+        self.features.tokens = tokens
+        return super().draft(tokens, max_tokens)
+
+
+class HeadDrafter(HeadDrafting, SelfDrafter):
+    """A chain from the feature head, under its draft-exit policy."""
+
+    def __init__(self, model, features: HeadFeatures, exit_policy: DraftExit):
+        super().__init__(model, no_skip(model), exit_policy, features.vocab_head)
+        self.features = features
+
+
+def no_skip(model) -> SkipSet:
+    return make_skip_set((), (), num_layers(model))
+
+
+def head_draft_ms(model, head: FeatureHead, vocab_head: DraftHead | None) -> float:
+    """d of the head: one head step after a CONTEXT-position head context, and its (draft) output layer."""
+    features = HeadFeatures(model, head, vocab_head)
+    features.head_cache, features.seen = RewindableCache(1, CONTEXT + 2), 0
+    features.tokens = [5] * (CONTEXT + 1)
+    hidden = model.config.get_text_config().hidden_size
+    features.features = torch.zeros(CONTEXT, hidden, dtype=model.dtype, device=execution_device(head))
+    features.next_logits([5], CONTEXT)  # the head's context: CONTEXT positions
+    return timed_ms(lambda: features.next_logits([5], CONTEXT + 1), output_device(model))
+
+
+def head_exit_policy(inputs: StrategyInputs, policy: str) -> DraftExit:
+    """A fresh `policy`; the cost-aware one priced with the head's measured draft-token cost."""
+    costs = None
+    if policy == "cost":
+        head, vocab_head = inputs.feature_head, inputs.draft_head
+        costs = inputs.costs.costs_of(("feature_head", id(head), id(vocab_head)),
+                                      lambda: head_draft_ms(inputs.model, head, vocab_head))
+    return inputs.make_exit_policy(policy, costs)
+
+
+def model_drafter(inputs: StrategyInputs, policy: str):
+    """The model draft of the strategies that mix it with copies: the feature head's chain where `draft.head` is
+    set, else the layer-skip draft."""
+    if inputs.feature_head is None:
+        return build_self_spec(inputs, policy)
+    return HeadDrafter(inputs.model, HeadFeatures(inputs.model, inputs.feature_head, inputs.draft_head),
+                       head_exit_policy(inputs, policy))
+
+
+def build_self_spec_head(inputs: StrategyInputs) -> HeadDrafter:
+    inputs.require_feature_head("self_spec_head")
+    return model_drafter(inputs, inputs.draft.policy)
+
+
+STRATEGIES = (
+    StrategySpec("self_spec_head", "a trained feature-level head on the model's last hidden state drafts "
+                 "(draft.head), under draft.policy", build_self_spec_head),
+)

@@ -1,0 +1,80 @@
+"""A feature-level draft head (EAGLE, Li et al., 2024) made of the model's own parts plus one trained layer.
+
+The full model's final normed hidden state h_t (the feature its output layer scores) and the embedding of the next
+token x_{t+1} are fused by one linear map and run through one decoder layer of the model's family (a copy of its
+last layer and final norm to start from), which predicts h_{t+1}; the model's own output layer (or the reduced
+draft vocabulary) turns it into the draft's next-token distribution. Drafting further feeds the head its own
+predicted feature. The head keeps a one-layer KV cache of its own; training: training/train_draft.py.
+"""
+
+import sys
+from weakref import WeakKeyDictionary
+
+import torch
+from torch import nn
+
+from selfspec.models.cache import RewindableCache
+from selfspec.models.devices import execution_device
+from selfspec.models.packed_linear import pack_module
+from selfspec.models.skip import num_layers
+from selfspec.models.trained_parts import SHIPPED, one_layer_model, read_part, save_part, shipped_path
+
+KIND = "feature"
+TRAIN_HINT = "train one with python run.py experiment=train_draft draft_head=feature"
+
+
+class FeatureHead(nn.Module):
+    def __init__(self, body: nn.Module, hidden_size: int):
+        super().__init__()
+        self.fuse = nn.Linear(2 * hidden_size, hidden_size, bias=False)  # [embedding of x_{t+1}, h_t] -> layer input
+        self.body = body  # one decoder layer and its final norm, fed inputs_embeds
+
+    def forward(self, features: torch.Tensor, embeds: torch.Tensor, position_ids: torch.Tensor,
+                cache: RewindableCache | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """features h_t and embeds e(x_{t+1}), each (batch, q, hidden), at positions t (batch, q) -> the predicted
+        h_{t+1} (batch, q, hidden), normed as the model's final hidden states are. With `cache`, over it."""
+        fused = self.fuse(torch.cat([embeds, features.to(embeds.dtype)], dim=-1))  # (batch, q, hidden)
+        out = self.body(inputs_embeds=fused, position_ids=position_ids, past_key_values=cache,
+                        use_cache=cache is not None, attention_mask=attention_mask)
+        return out.last_hidden_state
+
+
+def new_feature_head(model) -> FeatureHead:
+    """An untrained head for `model`, its layer a copy of the model's last one, in the model's dtype on the device
+    of the model's last layer (whose output it reads)."""
+    last = num_layers(model) - 1
+    head = FeatureHead(one_layer_model(model, last), model.config.get_text_config().hidden_size)
+    return head.to(device=execution_device(model.model.norm), dtype=model.dtype)
+
+
+def save_feature_head(path, head: FeatureHead, model, **info) -> None:
+    save_part(path, KIND, head, model, **info)
+
+
+def load_feature_head(path, model, setting: str = "draft.head") -> FeatureHead:
+    """The head at `path` (a head.pt, or `shipped`: the package's head for this model), trained for `model`, ready
+    to draft: in inference mode, its linears packed where the model's are."""
+    saved = read_part(path, model, KIND, setting, TRAIN_HINT)
+    head = new_feature_head(model)
+    head.load_state_dict({k: v.to(model.dtype) for k, v in saved["state_dict"].items()})
+    head.requires_grad_(False).eval()
+    pack_module(head, model)
+    return head
+
+
+_LOADED: WeakKeyDictionary = WeakKeyDictionary()  # model -> {path: its head}, shared by the strategies of a run
+
+
+def loaded_feature_head(model, path: str | None) -> FeatureHead | None:
+    """`load_feature_head` once per model and path (None: no head). `shipped` where none ships for this model (a
+    checkpoint of your own under an embedded model's config) gives None after one warning: the layer-skip draft."""
+    if path is None:
+        return None
+    heads = _LOADED.setdefault(model, {})
+    if path == SHIPPED and path not in heads and shipped_path(model, KIND, "draft.head") is None:
+        print("selfspec: warning: draft.head=shipped: no feature head ships for this model; drafting without one "
+              "(train one: python run.py experiment=train_draft)", file=sys.stderr)
+        heads[path] = None
+    if path not in heads:
+        heads[path] = load_feature_head(path, model)
+    return heads[path]

@@ -1,0 +1,118 @@
+"""Training data for a draft from the model itself: its own generations for training prompts, and the hidden states
+each draft learns from, in shards so that a killed run keeps what it made.
+
+1. Sequences: per prompt `train.samples_per_prompt` continuations by transformers' own batched `generate` (left
+   padding): the greedy one, then sampled ones (`train.temperature`), each cut after its first end id. One shard per
+   `train.generate_batch` prompts (`tokens-NNNN.pt`), reused by a later run with the same settings.
+2. States: one full forward per sequence gives the final normed hidden state at every position (the feature head's
+   input and target, the teacher of both drafts) and, for Kangaroo, the state after `exit_layer` layers; stored per
+   shard in float16 (`states-<layers>-NNNN.pt`), recomputed only when missing.
+"""
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from selfspec.data.prompt_sets import Prompt, encode_prompt, load_prompts, split_prompts
+from selfspec.decoding.drafters.base import cut_at_end
+from selfspec.errors import SelfspecError
+from selfspec.models.devices import input_device
+from selfspec.models.loading import LoadedModel
+from selfspec.models.trained_parts import save_atomic
+from selfspec.settings import TrainSettings
+
+
+@dataclass
+class TrainingSequence:
+    tokens: torch.Tensor  # (L,) long: prompt + generated continuation
+    final: torch.Tensor  # (L, hidden): the model's final normed hidden states
+    shallow: torch.Tensor | None = None  # (L, hidden): its states after kangaroo.exit_layer layers (Kangaroo only)
+
+
+def train_prompts(settings: TrainSettings) -> list[Prompt]:
+    """The calibration half of each of `settings.sets` (the first `prompts_per_set`: `make bench` reports on the
+    evaluation halves), and `settings.prompt_file` whole."""
+    prompts = [p for name in settings.sets
+               for p in split_prompts(load_prompts(name), "calibration")[:settings.prompts_per_set]]
+    if settings.prompt_file:
+        prompts += load_prompts("jsonl", settings.prompt_file)
+    if len(prompts) < 2:
+        raise SelfspecError(f"training needs at least 2 prompts (train and validation), got {len(prompts)}; "
+                            f"raise train.prompts_per_set or add train.prompt_file")
+    return prompts
+
+
+def generate_sequences(loaded: LoadedModel, prompts: list[Prompt], settings: TrainSettings,
+                       data_dir: Path) -> list[list[int]]:
+    """`samples_per_prompt` sequences per prompt (greedy first), shard by shard; a shard written by an earlier run
+    with the same settings is read back instead of generated again."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    ids = [encode_prompt(loaded.tokenizer, p) for p in prompts]
+    batches = [ids[i:i + settings.generate_batch] for i in range(0, len(ids), settings.generate_batch)]
+    sequences, started = [], time.monotonic()
+    bar = tqdm(total=len(ids) * settings.samples_per_prompt * settings.max_new_tokens, desc="generate",
+               unit="tok", unit_scale=True)
+    for index, batch in enumerate(batches):
+        path = data_dir / f"tokens-{index:04d}.pt"
+        key = {"prompts": batch, "samples": settings.samples_per_prompt, "temperature": settings.temperature,
+               "max_new_tokens": settings.max_new_tokens, "seed": settings.seed + index}
+        saved = torch.load(path, weights_only=True) if path.exists() else None
+        if saved is None or saved["key"] != key:
+            torch.manual_seed(settings.seed + index)
+            made = [continue_batch(loaded, batch, settings, sample=s > 0) for s in range(settings.samples_per_prompt)]
+            saved = {"key": key, "sequences": [seq for rows in made for seq in rows]}
+            save_atomic(saved, path)
+        sequences += saved["sequences"]
+        bar.update(len(batch) * settings.samples_per_prompt * settings.max_new_tokens)
+    bar.close()
+    tokens = sum(map(len, sequences))
+    print(f"train data: {len(sequences)} sequences, {tokens} tokens ({time.monotonic() - started:.0f} s)")
+    return sequences
+
+
+@torch.inference_mode()
+def continue_batch(loaded: LoadedModel, prompts: list[list[int]], settings: TrainSettings, sample: bool) -> list[list[int]]:
+    """prompt + continuation per prompt, by one batched `generate` call with left padding."""
+    pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else loaded.end_ids[0]
+    width = max(map(len, prompts))
+    device = input_device(loaded.model)
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)  # (B, width)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)  # (B, width)
+    options = dict(do_sample=True, temperature=settings.temperature, top_k=0, top_p=1.0) if sample else \
+        dict(do_sample=False, temperature=None, top_k=None, top_p=None)
+    out = loaded.model.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=settings.max_new_tokens,
+                                eos_token_id=list(loaded.end_ids), pad_token_id=pad, **options)  # (B, width + new)
+    return [p + cut_at_end(row[width:].tolist(), loaded.end_ids) for p, row in zip(prompts, out)]
+
+
+@torch.no_grad()  # not inference_mode: the draft trains on these tensors
+def sequence_states(model, sequences: list[list[int]], exit_layer: int | None, data_dir: Path,
+                    shard_size: int) -> list[TrainingSequence]:
+    """The states of every sequence (final, and after `exit_layer` layers if set), stored per shard of
+    `shard_size` sequences in float16 and read back when the shard's sequences are the same."""
+    layers = f"final-{exit_layer}" if exit_layer else "final"
+    device = input_device(model)
+    out = []
+    for start in tqdm(range(0, len(sequences), shard_size), desc="states", unit="shard"):
+        shard = sequences[start:start + shard_size]
+        path = data_dir / f"states-{layers}-{start // shard_size:04d}.pt"
+        saved = torch.load(path, weights_only=True) if path.exists() else None
+        if saved is None or saved["sequences"] != shard:
+            states = [forward_states(model, torch.tensor([seq], device=device), exit_layer) for seq in shard]
+            saved = {"sequences": shard, "final": [f.half().cpu() for f, _ in states],
+                     "shallow": [s.half().cpu() if s is not None else None for _, s in states]}
+            save_atomic(saved, path)
+        for seq, final, shallow in zip(shard, saved["final"], saved["shallow"]):
+            out.append(TrainingSequence(torch.tensor(seq), final.to(model.dtype),
+                                        shallow.to(model.dtype) if shallow is not None else None))
+    return out
+
+
+def forward_states(model, ids: torch.Tensor, exit_layer: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(final (L, hidden), state after exit_layer layers (L, hidden) or None) of one sequence ids (1, L)."""
+    out = model.model(ids, output_hidden_states=exit_layer is not None)
+    shallow = out.hidden_states[exit_layer][0] if exit_layer is not None else None
+    return out.last_hidden_state[0], shallow

@@ -1,0 +1,243 @@
+"""Train a draft made of the model's own parts plus one trained layer (`python run.py experiment=train_draft
+draft_head=feature|kangaroo`): distil the full model into it on the model's own generations (draft_data.py).
+
+- feature (models/feature_head.py): from (h_t, embedding of x_{t+1}) predict h_{t+1}, the next final hidden state.
+- kangaroo (models/kangaroo_adapter.py): from the state after `kangaroo.exit_layer` layers predict h_t.
+
+Loss per position: `feature_weight` x smooth-L1 between the predicted and the true state, plus `soft_ce_weight` x
+the cross-entropy of the draft's distribution against the full model's (both through the model's frozen output layer,
+or the rows of the draft vocabulary where `draft.vocab_size` is set, as the draft scores). Inputs get Gaussian noise of std `feature_noise` (the head drafts on its own
+predictions after the first token). AdamW on padded batches of sequences; a validation split by sequence.
+
+After every epoch checkpoint.pt (part, optimizer, history) is written atomically and the best part so far by
+validation loss is saved (head.pt / adapter.pt), so a rerun into the same directory (or train.resume=<dir>) goes
+on; validation agreement with the full model's next token is printed per epoch and logged to W&B with the losses,
+and the final part is logged as a W&B artifact. Stops early after `train.max_minutes` (data included).
+"""
+
+import random
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from selfspec.data.prompt_sets import calibration_texts
+from selfspec.errors import SelfspecError
+from selfspec.models.draft_head import make_draft_head
+from selfspec.models.feature_head import FeatureHead, new_feature_head, save_feature_head
+from selfspec.models.kangaroo_adapter import check_exit_layer, new_adapter, save_adapter
+from selfspec.models.loading import load_model
+from selfspec.models.output_layer import final_softcap, output_logits
+from selfspec.models.skip import num_layers
+from selfspec.models.trained_parts import model_signature, save_atomic
+from selfspec.records.wandb_logger import log_files, start_run
+from selfspec.settings import RunSettings
+from selfspec.training.draft_data import TrainingSequence, generate_sequences, sequence_states, train_prompts
+
+FILES = {"feature": "head.pt", "kangaroo": "adapter.pt"}
+
+
+def train(run: RunSettings, out_dir: Path) -> Path:
+    """The train_draft task; returns the path of the trained part."""
+    started = time.monotonic()
+    torch.manual_seed(run.seed)
+    settings, kind = run.train, run.draft_head.kind
+    work_dir = resume_dir(settings.resume, out_dir)
+    loaded = load_model(run.model)
+    model = loaded.model.requires_grad_(False)  # frozen: gradients flow into the draft only
+    exit_layer = check_exit_layer(run.kangaroo.exit_layer, num_layers(model)) if kind == "kangaroo" else None
+    sequences = generate_sequences(loaded, train_prompts(settings), settings, work_dir / "draft_data")
+    data = sequence_states(model, sequences, exit_layer, work_dir / "draft_data", settings.generate_batch)
+    weight = output_rows(model, loaded.tokenizer, run.draft.vocab_size)
+    part = new_part(model, kind, exit_layer)
+    wandb_run = start_run(run.logger, out_dir, asdict(run), job_type="train_draft")
+    try:
+        history = fit(part, model, data, weight, run, work_dir, exit_layer, started, wandb_run)
+        best = min(history, key=lambda h: h["val_loss"])
+        path = work_dir / FILES[kind]
+        if wandb_run is not None:
+            log_files(wandb_run, f"{loaded.name}-{kind}", "model", [path], metadata=best)
+    finally:
+        if wandb_run is not None:
+            wandb_run.finish()
+    untrained = history[0]
+    print(f"\n{kind} draft for {loaded.name}: epoch {best['epoch']}, val loss {best['val_loss']:.4f} (untrained "
+          f"{untrained['val_loss']:.4f}), val agreement {best['val_agreement']:.3f} (untrained "
+          f"{untrained['val_agreement']:.3f}); {sum(len(s.tokens) for s in data)} tokens, "
+          f"{(time.monotonic() - started) / 60:.1f} min\nsaved: {path}")
+    strategy = "'strategies=[plain,self_spec_head,self_spec_tree]' draft.head" if kind == "feature" else \
+        "'strategies=[plain,kangaroo]' kangaroo.adapter_path"
+    print(f"benchmark it: python run.py model={run.model.name} {strategy}={path}")
+    return path
+
+
+def new_part(model, kind: str, exit_layer: int | None):
+    """An untrained part of `kind`, trainable (float32 weights stay as the model's dtype)."""
+    part = new_feature_head(model) if kind == "feature" else new_adapter(model, exit_layer)
+    return part.requires_grad_(True)
+
+
+def resume_dir(resume, out_dir: Path) -> Path:
+    if resume is None:
+        return out_dir
+    resume = Path(resume).expanduser()
+    if not (resume / "checkpoint.pt").is_file():
+        raise SelfspecError(f"train.resume={str(resume)!r} holds no checkpoint.pt; pass the directory of an earlier "
+                            f"train_draft run")
+    return resume
+
+
+def output_rows(model, tokenizer, vocab_size: int | None) -> torch.Tensor:
+    """(n, hidden): the output layer's rows the draft scores (those of draft.vocab_size's tokens, else all)."""
+    if vocab_size:
+        return make_draft_head(model, tokenizer, vocab_size, calibration_texts()).weight
+    return model.get_output_embeddings().weight.detach()
+
+
+def split(sequences: list, val_fraction: float, seed: int) -> tuple[list, list]:
+    """(train, val) by sequence, shuffled with `seed`; at least one of each."""
+    order = list(range(len(sequences)))
+    random.Random(seed).shuffle(order)
+    n_val = min(max(1, round(val_fraction * len(sequences))), len(sequences) - 1)
+    return [sequences[i] for i in order[n_val:]], [sequences[i] for i in order[:n_val]]
+
+
+def batch_states(part, model, batch: list[TrainingSequence], noise: float, generator=None) -> tuple:
+    """(predicted states, true states, mask), (B, L, hidden) twice and (B, L), over right-padded sequences: the
+    feature head predicts h_{t+1} from (h_t, x_{t+1}); the Kangaroo adapter h_t from the shallow state."""
+    feature = isinstance(part, FeatureHead)
+    length = max(len(s.tokens) for s in batch) - (1 if feature else 0)
+    hidden = batch[0].final.shape[-1]
+    inputs = torch.zeros(len(batch), length, hidden, dtype=model.dtype)  # (B, L, hidden)
+    targets = torch.zeros(len(batch), length, hidden, dtype=model.dtype)  # (B, L, hidden)
+    tokens = torch.zeros(len(batch), length + 1, dtype=torch.long)  # (B, L + 1)
+    mask = torch.zeros(len(batch), length, dtype=torch.long)  # (B, L)
+    for row, seq in enumerate(batch):
+        n = len(seq.tokens) - (1 if feature else 0)
+        inputs[row, :n] = seq.final[:n] if feature else seq.shallow
+        targets[row, :n] = seq.final[1:] if feature else seq.final
+        tokens[row, :len(seq.tokens)] = seq.tokens
+        mask[row, :n] = 1
+    if noise:
+        inputs = inputs + noise * torch.randn(inputs.shape, generator=generator, dtype=inputs.dtype)
+    positions = torch.arange(length)[None].expand(len(batch), -1)  # (B, L)
+    device = next(part.parameters()).device
+    inputs, positions, mask_d = inputs.to(device), positions.to(device), mask.to(device)
+    if feature:
+        embeds = model.get_input_embeddings()(tokens[:, 1:length + 1].to(device))  # (B, L, hidden)
+        predicted = part(inputs, embeds, positions, attention_mask=mask_d)
+    else:
+        predicted = part(inputs_embeds=inputs, position_ids=positions, attention_mask=mask_d,
+                         use_cache=False).last_hidden_state
+    return predicted, targets.to(device), mask_d
+
+
+def losses(part, model, batch, weight: torch.Tensor, weights, noise: float = 0.0,
+           generator=None) -> tuple[torch.Tensor, int, int]:
+    """(loss, agreeing positions, positions) of one batch: the weighted loss of the module docstring, with the output
+    layer's rows `weight` (n, hidden); agreement = the draft's argmax equals the full model's at a position."""
+    predicted, targets, mask = batch_states(part, model, batch, noise, generator)
+    keep = mask.bool()
+    predicted, targets = predicted[keep], targets[keep]  # (N, hidden) each
+    student = torch.log_softmax(output_logits(weight, predicted, final_softcap(model)), dim=-1)  # (N, n)
+    with torch.no_grad():
+        teacher = torch.softmax(output_logits(weight, targets, final_softcap(model)), dim=-1)  # (N, n)
+    loss = weights.soft_ce_weight * -(teacher * student).sum(-1).mean()
+    if weights.feature_weight:
+        loss = loss + weights.feature_weight * F.smooth_l1_loss(predicted.float(), targets.float())
+    agree = int((student.argmax(-1) == teacher.argmax(-1)).sum())
+    return loss, agree, len(student)
+
+
+@torch.no_grad()
+def validate(part, model, val: list, weight: torch.Tensor, weights, batch_size: int) -> tuple[float, float]:
+    """Mean loss and argmax agreement over the validation sequences."""
+    part.eval()
+    total, agree, count = 0.0, 0, 0
+    for i in range(0, len(val), batch_size):
+        loss, a, n = losses(part, model, val[i:i + batch_size], weight, weights)
+        total, agree, count = total + float(loss) * n, agree + a, count + n
+    return total / count, agree / count
+
+
+def fit(part, model, data: list, weight: torch.Tensor, run: RunSettings, work_dir: Path, exit_layer: int | None, started: float,
+        wandb_run=None) -> list[dict]:
+    """Train (or go on training) up to train.epochs epochs; returns the history, one dict per epoch (epoch 0: the
+    untrained part)."""
+    settings, weights, kind = run.train, run.draft_head, run.draft_head.kind
+    train_set, val = split(data, settings.val_fraction, settings.seed)
+    optimizer = torch.optim.AdamW(part.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    checkpoint_path, part_path = work_dir / "checkpoint.pt", work_dir / FILES[kind]
+    history = resume(checkpoint_path, part, optimizer, model, kind, exit_layer)
+
+    def save(path, epoch, val_loss, val_agreement):
+        extra = dict(epoch=epoch, val_loss=val_loss, val_agreement=val_agreement, made_by=provenance(run))
+        if kind == "feature":
+            save_feature_head(path, part, model, **extra)
+        else:
+            save_adapter(path, part, model, exit_layer, **extra)
+
+    if not history:
+        val_loss, agreement = validate(part, model, val, weight, weights, settings.batch_size)
+        history = [{"epoch": 0, "train_loss": None, "val_loss": val_loss, "val_agreement": agreement}]
+        save(part_path, 0, val_loss, agreement)
+        print(f"epoch 0 (untrained): val loss {val_loss:.4f}, val agreement {agreement:.3f}")
+    done = history[-1]["epoch"]
+    batches = (len(train_set) + settings.batch_size - 1) // settings.batch_size
+    bar = tqdm(total=settings.epochs * batches, initial=min(done, settings.epochs) * batches, desc="train", unit="batch")
+    for epoch in range(done + 1, settings.epochs + 1):
+        if settings.max_minutes is not None and time.monotonic() - started > 60 * settings.max_minutes:
+            bar.write(f"train.max_minutes={settings.max_minutes} reached: stopping after epoch {epoch - 1}")
+            break
+        part.train()
+        generator = torch.Generator().manual_seed(settings.seed + epoch)
+        order = torch.randperm(len(train_set), generator=generator).tolist()
+        total = 0.0
+        for i in range(0, len(order), settings.batch_size):
+            loss, _, _ = losses(part, model, [train_set[j] for j in order[i:i + settings.batch_size]], weight, weights,
+                                weights.feature_noise, generator)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            total += (value := loss.item())
+            bar.update()
+            bar.set_postfix(epoch=epoch, loss=f"{value:.3f}")
+        val_loss, agreement = validate(part, model, val, weight, weights, settings.batch_size)
+        if val_loss < min(h["val_loss"] for h in history):
+            save(part_path, epoch, val_loss, agreement)
+        row = {"epoch": epoch, "train_loss": total / batches, "val_loss": val_loss, "val_agreement": agreement}
+        history.append(row)
+        save_atomic({"state_dict": part.state_dict(), "optimizer": optimizer.state_dict(), "history": history,
+                     "kind": kind, "exit_layer": exit_layer, "model": model_signature(model)}, checkpoint_path)
+        if wandb_run is not None:
+            wandb_run.log(row)
+        bar.write(f"epoch {epoch}: train loss {row['train_loss']:.4f}, val loss {val_loss:.4f}, "
+                  f"val agreement {agreement:.3f}")
+    bar.close()
+    return history
+
+
+def resume(path: Path, part, optimizer, model, kind: str, exit_layer: int | None) -> list[dict]:
+    """Load the checkpoint into part and optimizer; return its history ([] when there is none)."""
+    if not path.exists():
+        return []
+    saved = torch.load(path, map_location="cpu", weights_only=True)  # load_state_dict moves it to the part
+    if saved.get("kind") != kind or saved["exit_layer"] != exit_layer or saved["model"] != model_signature(model):
+        raise SelfspecError(f"draft_head={kind}: the checkpoint {path} was trained as {saved.get('kind')} (exit layer "
+                            f"{saved['exit_layer']}) for {saved['model']['model_type']}; use another output directory")
+    part.load_state_dict(saved["state_dict"])
+    optimizer.load_state_dict(saved["optimizer"])
+    print(f"train_draft: resuming from {path} after epoch {saved['history'][-1]['epoch']}")
+    return saved["history"]
+
+
+def provenance(run: RunSettings) -> dict:
+    """How the part was made: the command line, the training data settings and the commit."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip() or None
+    return {"command": " ".join(["python run.py", *sys.argv[1:]]), "data": asdict(run.train), "commit": commit}

@@ -1,0 +1,120 @@
+"""The feature-level draft head: it reads the full model's states of exactly the kept tokens (chains and trees, past
+gemma2's window), decodes losslessly, samples exactly, and is refused for another model or a damaged shipped file."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from selfspec.decoding.draft_exit import DraftExit
+from selfspec.decoding.drafters.feature_head import HeadDrafter, HeadFeatures
+from selfspec.decoding.drafters.layer_skip_tree import HeadTreeDrafter
+from selfspec.decoding.speculative import generate
+from selfspec.errors import SelfspecError
+from selfspec.models import trained_parts
+from selfspec.models.feature_head import load_feature_head, loaded_feature_head, new_feature_head, save_feature_head
+from selfspec.models.tiny import tiny_model
+from selfspec.models.trained_parts import sha256
+from selfspec.settings import default_settings
+
+from helpers import chi_square_pvalue, exact_pair_distribution
+
+SAMPLING = default_settings().sampling  # the config's: greedy, 128 new tokens
+GREEDY = replace(SAMPLING, max_new_tokens=40)
+
+
+def noisy_head(model, scale=0.05, seed=0):
+    head = new_feature_head(model)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in head.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=generator, dtype=p.dtype))
+    return head.eval()
+
+
+class CheckedFeatures(HeadFeatures):
+    """At each draft's first head step: the kept states equal a fresh forward of the full model over the kept tokens,
+    and the head's prediction equals the head run afresh over the whole sequence (no cache). With `oracle`, the draft
+    then takes the full model's own next-token logits, so trees have accepted paths to compact."""
+    checks = 0
+
+    def __init__(self, model, head, oracle=False):
+        super().__init__(model, head)
+        self.oracle = oracle
+
+    def next_logits(self, ids, start):
+        logits = super().next_logits(ids, start)
+        with torch.inference_mode():
+            if start == len(self.tokens) - 1:
+                self.history = list(self.tokens)
+                kept = torch.tensor([self.tokens[:-1]])  # (1, start)
+                truth = self.model.model(kept).last_hidden_state[0]  # (start, hidden)
+                torch.testing.assert_close(self.features[:start], truth)
+                embeds = self.model.get_input_embeddings()(torch.tensor([self.tokens[1:]]))
+                afresh = self.head(truth[None], embeds, torch.arange(start)[None])[0, -1]
+                torch.testing.assert_close(self.predicted, afresh)
+                self.checks += 1
+            else:
+                self.history += ids
+            if self.oracle:
+                return self.model(torch.tensor([self.history])).logits[0, -1].float()
+        return logits
+
+
+@pytest.mark.slow
+def test_head_sampling_matches_the_full_models_distribution():
+    model = tiny_model("llama", num_layers=2, hidden_size=32, seed=3, init_std=0.3).double()
+    settings = replace(SAMPLING, temperature=1.0, top_k=3, max_new_tokens=3)
+    prompt = [5, 40, 77]
+    drafter = HeadDrafter(model, HeadFeatures(model, noisy_head(model, 0.3)), DraftExit(2))
+    exact = exact_pair_distribution(model, prompt, settings)
+    gen = torch.Generator().manual_seed(0)
+    counts, drafted, accepted = {}, 0, 0
+    for _ in range(3000):
+        result = generate(model, prompt, settings, drafter, generator=gen)
+        key = tuple(result.new_tokens[1:3])
+        counts[key] = counts.get(key, 0) + 1
+        drafted, accepted = drafted + result.drafted, accepted + result.accepted
+    assert set(counts) <= set(exact)
+    assert 0.05 < accepted / drafted < 0.95
+    assert chi_square_pvalue(counts, exact) > 0.001
+
+
+def test_a_saved_head_reloads_with_identical_predictions(tiny, tmp_path):
+    head = noisy_head(tiny)
+    save_feature_head(tmp_path / "head.pt", head, tiny, epoch=3)
+    loaded = load_feature_head(tmp_path / "head.pt", tiny)
+    features, embeds = torch.randn(1, 5, 64, dtype=tiny.dtype), torch.randn(1, 5, 64, dtype=tiny.dtype)
+    positions = torch.arange(5)[None]
+    with torch.inference_mode():
+        torch.testing.assert_close(loaded(features, embeds, positions), head(features, embeds, positions))
+
+
+def test_heads_are_refused_for_another_model_or_kind_in_one_line(tiny, tmp_path):
+    other = tiny_model("llama", num_layers=6, seed=7).double()
+    save_feature_head(tmp_path / "head.pt", new_feature_head(other), other)
+    with pytest.raises(SelfspecError, match="trained for another model") as error:
+        load_feature_head(tmp_path / "head.pt", tiny)
+    assert "\n" not in str(error.value)
+    with pytest.raises(SelfspecError, match="does not exist"):
+        load_feature_head(tmp_path / "missing.pt", tiny)
+    (tmp_path / "junk.pt").write_text("not a head")
+    with pytest.raises(SelfspecError, match="is not a trained draft file"):
+        load_feature_head(tmp_path / "junk.pt", tiny)
+    with pytest.raises(SelfspecError, match="no feature draft ships for this model"):
+        load_feature_head("shipped", tiny)
+    assert loaded_feature_head(tiny, "shipped") is None  # the default of a model without one: the layer-skip draft
+
+
+def test_a_shipped_head_is_found_by_its_model_and_checked_against_its_sha256(tiny, tmp_path, monkeypatch):
+    monkeypatch.setattr(trained_parts, "SHIPPED_DIR", tmp_path)
+    head = noisy_head(tiny)
+    save_feature_head(tmp_path / "tiny-feature.pt", head, tiny)
+    info = {"kind": "feature", "model": trained_parts.model_signature(tiny), "sha256": sha256(tmp_path / "tiny-feature.pt")}
+    (tmp_path / "tiny-feature.json").write_text(json.dumps(info))
+    loaded = load_feature_head("shipped", tiny)
+    assert torch.equal(loaded.fuse.weight, head.fuse.weight)
+    (tmp_path / "tiny-feature.json").write_text(json.dumps(info | {"sha256": "0" * 64}))
+    with pytest.raises(SelfspecError, match="does not match its sha256"):
+        load_feature_head("shipped", tiny)

@@ -1,0 +1,128 @@
+"""Training a draft (experiment=train_draft): the model's own generations in reusable shards, distillation that lowers
+the validation loss, checkpoints that resume exactly, reproducibility from a seed, and run.py end to end."""
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from selfspec.models.loading import LoadedModel
+from selfspec.models.tiny import tiny_model
+from selfspec.training.draft_data import generate_sequences, sequence_states, train_prompts
+from selfspec.training.train_draft import fit, new_part
+
+from helpers import run_py, run_settings
+
+TINY_RUN = ["model=tiny_llama", "model.dtype=float64", "logger=none"]  # every run.py call here starts with these
+SMALL = ["train.sets=[chat]", "train.prompts_per_set=4", "train.samples_per_prompt=2", "train.max_new_tokens=12",
+         "train.generate_batch=3", "train.val_fraction=0.25", "train.lr=3e-3", "train.batch_size=2"]
+
+
+def settings(kind, *overrides):
+    return run_settings(*TINY_RUN, "experiment=train_draft", f"draft_head={kind}", "kangaroo.exit_layer=2", *SMALL,
+                        *overrides)
+
+
+def training_data(model, tokenizer, run, data_dir, exit_layer):
+    loaded = LoadedModel("tiny", model, tokenizer, ())
+    sequences = generate_sequences(loaded, train_prompts(run.train), run.train, data_dir)
+    return sequences, sequence_states(model, sequences, exit_layer, data_dir, run.train.generate_batch)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama", num_layers=4, hidden_size=32).double()
+
+
+@pytest.mark.parametrize("kind", ["feature", "kangaroo"])
+def test_training_lowers_the_validation_loss_and_keeps_the_best(model, tokenizer, tmp_path, kind):
+    run = settings(kind, "train.epochs=3")
+    exit_layer = 2 if kind == "kangaroo" else None
+    sequences, data = training_data(model, tokenizer, run, tmp_path / "data", exit_layer)
+    assert len(sequences) == 8 and all(len(s) > 12 for s in sequences)  # 4 prompts x (greedy + 1 sampled)
+    assert len({tuple(s) for s in sequences}) > 4  # the sampled ones differ from the greedy ones
+    assert all(d.final.shape == (len(d.tokens), 32) and (d.shallow is not None) == (kind == "kangaroo") for d in data)
+    history = fit(new_part(model, kind, exit_layer), model, data, model.lm_head.weight.detach(), run, tmp_path,
+                  exit_layer, 0.0)
+    assert [h["epoch"] for h in history] == [0, 1, 2, 3]
+    assert history[-1]["val_loss"] < history[0]["val_loss"]
+    saved = torch.load(tmp_path / ("head.pt" if kind == "feature" else "adapter.pt"), weights_only=True)
+    assert saved["kind"] == kind and saved["val_loss"] == min(h["val_loss"] for h in history)
+    assert saved["made_by"]["data"]["sets"] == ["chat"]
+
+
+def seeded_fit(model, data, run, folder):
+    torch.manual_seed(0)  # as run.py's seed before the part is made
+    folder.mkdir(exist_ok=True)
+    return fit(new_part(model, "feature", None), model, data, model.lm_head.weight.detach(), run, folder, None, 0.0)
+
+
+def test_shards_are_reused_and_training_resumes_exactly_and_reproducibly(model, tokenizer, tmp_path):
+    """The data shards of a first run are read back, not made again; 2 epochs, then a rerun asking for 4, end
+    exactly where 4 epochs in one go end; the same seed gives the same head."""
+    run = settings("feature", "train.epochs=4")
+    _, data = training_data(model, tokenizer, run, tmp_path / "data", None)
+    stamps = {p: p.stat().st_mtime_ns for p in (tmp_path / "data").iterdir()}
+    _, again = training_data(model, tokenizer, run, tmp_path / "data", None)
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "data").iterdir()} == stamps
+    assert all(torch.equal(x.final, y.final) for x, y in zip(data, again))
+    full = seeded_fit(model, data, run, tmp_path / "straight")
+    first = seeded_fit(model, data, settings("feature", "train.epochs=2"), tmp_path / "stopped")
+    resumed = seeded_fit(model, data, run, tmp_path / "stopped")
+    assert resumed[:3] == first and resumed == full
+    seeded_fit(model, data, run, tmp_path / "again")
+    straight, stopped, twice = (torch.load(tmp_path / d / "checkpoint.pt", weights_only=True)["state_dict"]
+                                for d in ("straight", "stopped", "again"))
+    assert all(torch.equal(straight[k], stopped[k]) and torch.equal(straight[k], twice[k]) for k in straight)
+
+
+@pytest.mark.slow
+def test_run_py_trains_resumes_and_benchmarks_a_feature_head(tmp_path):
+    train = ["experiment=train_draft", *SMALL, f"hydra.run.dir={tmp_path / 'train'}"]
+    result = run_py(*TINY_RUN, *train, "train.epochs=1", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    head = tmp_path / "train" / "head.pt"
+    assert head.is_file() and f"draft.head={head}" in result.stdout
+    assert "generate: 100%" in result.stderr and "train: 100%" in result.stderr and "epoch 1:" in result.stdout
+    result = run_py(*TINY_RUN, *train[:-1], "train.epochs=2", f"train.resume={tmp_path / 'train'}",
+                    f"hydra.run.dir={tmp_path / 'resume'}", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resuming from" in result.stdout and "after epoch 1" in result.stdout and "epoch 2:" in result.stdout
+    result = run_py(*TINY_RUN, "data=chat", "data.limit=2", "sampling.max_new_tokens=24",
+                    "strategies=[plain,self_spec_head,self_spec_tree]", f"draft.head={head}",
+                    f"hydra.run.dir={tmp_path / 'eval'}", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert list(summary) == ["plain", "self_spec_head", "self_spec_tree"]
+    assert all(summary[name]["outputs_match_plain"] == 1.0 for name in summary)
+
+
+@pytest.mark.slow
+def test_run_py_trains_and_benchmarks_kangaroo(tmp_path):
+    result = run_py(*TINY_RUN, "experiment=kangaroo_train", *SMALL, "train.epochs=1", "kangaroo.exit_layer=4",
+                    f"hydra.run.dir={tmp_path / 'train'}", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    adapter = tmp_path / "train" / "adapter.pt"
+    assert adapter.is_file() and f"kangaroo.adapter_path={adapter}" in result.stdout
+    result = run_py(*TINY_RUN, "data=chat", "data.limit=2", "sampling.max_new_tokens=24", "strategies=[plain,kangaroo]",
+                    f"kangaroo.adapter_path={adapter}", f"hydra.run.dir={tmp_path / 'eval'}", timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
+    assert summary["kangaroo"]["outputs_match_plain"] == 1.0 and summary["kangaroo"]["acceptance_rate"] is not None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides,message", [
+    (["strategies=[plain,kangaroo]", "kangaroo.adapter_path=nope.pt"], "kangaroo.adapter_path='nope.pt' does not exist"),
+    (["strategies=[plain,self_spec_head]"], "strategy self_spec_head needs draft.head="),
+    (["experiment=train_draft", "draft_head=kangaroo", "kangaroo.exit_layer=9"],
+     "kangaroo.exit_layer=9 is out of range; allowed: 1..5"),
+    (["experiment=train_draft", "train.resume=nowhere"], "train.resume='nowhere' holds no checkpoint.pt"),
+    (["experiment=train_draft", "train.epochs=0"], "epochs=0 is out of range"),
+    (["task=fly"], "task='fly' is unknown; allowed: evaluate, train_draft"),
+])
+def test_bad_training_values_end_with_one_clear_line(tmp_path, overrides, message):
+    result = run_py(*TINY_RUN, "data.limit=1", f"hydra.run.dir={tmp_path}", *overrides, timeout=300)
+    assert result.returncode != 0 and message in result.stderr
+    assert "Traceback" not in result.stderr
