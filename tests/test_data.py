@@ -1,11 +1,15 @@
 import json
+import re
 
 import pytest
 
-from selfspec.data.prompt_sets import PROMPT_SETS, Prompt, encode_prompt, load_prompt_set, load_prompts
+from selfspec.data.prompt_sets import (PROMPT_SETS, SHIPPED_SETS, Prompt, calibration_texts, encode_prompt,
+                                       load_prompt_set, load_prompts, split_prompts)
 from selfspec.errors import SelfspecError
 from selfspec.models.tiny import byte_tokenizer
 from selfspec.settings import DataSettings
+
+from helpers import run_settings
 
 
 def write_lines(path, lines):
@@ -22,13 +26,64 @@ def test_humaneval_has_164_completion_prompts_and_limit_takes_the_first():
     assert load_prompts("humaneval", limit=3) == prompts[:3]
 
 
-@pytest.mark.parametrize("name, minimum", [("chat", 40), ("summarize", 20)])
-def test_shipped_sets_are_valid_chat_prompts_with_unique_ids(name, minimum):
+SET_SIZES = {"chat": 40, "summarize": 20, "qa": 24, "math": 24, "translate": 24, "retrieval": 16}
+SET_CATEGORIES = {"qa": "qa", "math": "math", "translate": "translation", "retrieval": "retrieval"}  # one each
+
+
+def test_every_shipped_set_is_listed_here():
+    assert set(SET_SIZES) == set(SHIPPED_SETS)
+
+
+@pytest.mark.parametrize("name, size", SET_SIZES.items())
+def test_shipped_sets_are_valid_chat_prompts_with_unique_ids(name, size):
     prompts = load_prompts(name)
-    assert len(prompts) >= minimum
+    assert len(prompts) == size
     assert len({p.question_id for p in prompts}) == len(prompts)
-    assert all(p.chat and p.category and p.turns[0].strip() for p in prompts)
+    assert all(p.question_id.startswith(f"{name}-") for p in prompts)  # unique across sets too, for data=mix
+    assert all(p.chat and p.category and len(p.turns) == 1 and p.turns[0].strip() for p in prompts)
     assert load_prompts(name, limit=5) == prompts[:5]
+    if name in SET_CATEGORIES:
+        assert {p.category for p in prompts} == {SET_CATEGORIES[name]}
+
+
+def test_qa_prompts_are_short_questions_with_reference_answers():
+    for prompt in load_prompts("qa"):
+        assert prompt.turns[0].endswith("?") and len(prompt.turns[0].split()) <= 25, prompt.question_id
+        assert prompt.reference
+
+
+def test_math_prompts_are_word_problems_asking_for_working_with_a_final_answer():
+    for prompt in load_prompts("math"):
+        assert "step" in prompt.turns[0] and re.search(r"\d", prompt.turns[0]), prompt.question_id
+        assert re.search(r"\d", prompt.reference or ""), prompt.question_id
+
+
+TRANSLATION = re.compile(r"Translate the following (English|French|German|Spanish) text into "
+                         r"(English|French|German|Spanish)\.\n\n(.+)", re.DOTALL)
+
+
+def test_both_halves_translate_every_language_both_ways_and_start_varied():
+    expected = {(a, b) for language in ("French", "German", "Spanish")
+                for a, b in (("English", language), (language, "English"))}
+    for split in ("calibration", "evaluation"):
+        directions = [TRANSLATION.fullmatch(p.turns[0]).groups()[:2]
+                      for p in split_prompts(load_prompts("translate"), split)]
+        assert set(directions) == expected and len(directions) == 12
+        assert len({language for pair in directions[:3] for language in pair}) == 4  # data.limit=3 sees all four
+    for prompt in load_prompts("translate"):
+        sentences = re.findall(r"[.?!](?:\s|$)", TRANSLATION.fullmatch(prompt.turns[0]).group(3))
+        assert 2 <= len(sentences) <= 4, prompt.question_id
+
+
+def test_retrieval_prompts_ask_one_question_after_a_long_passage():
+    passages = set()
+    for prompt in load_prompts("retrieval"):
+        text, question = prompt.turns[0].rsplit("\n\nQuestion: ", 1)
+        instruction, passage = text.split("\n\n", 1)
+        assert instruction == "Read the passage below, then answer the question after it using only the passage."
+        assert 250 <= len(passage.split()) <= 450 and "?" in question and prompt.reference
+        passages.add(passage.split("\n", 1)[0])
+    assert len(passages) == 16  # a different passage each time
 
 
 def test_chat_set_is_varied():
@@ -155,7 +210,7 @@ def test_encode_raises_when_nothing_is_encoded():
         encode_prompt(EmptyTokenizer(), Prompt("q", "c", ("hello",), chat=False))
 
 
-@pytest.mark.parametrize("name", ["humaneval", "chat", "summarize"])
+@pytest.mark.parametrize("name", ["humaneval", *SHIPPED_SETS])
 def test_calibration_and_evaluation_halves_split_every_shipped_set_and_category(name):
     every = load_prompts(name)
     halves = {split: load_prompt_set(DataSettings(name=name, split=split)) for split in ("calibration", "evaluation")}
@@ -173,3 +228,26 @@ def test_split_applies_before_offset_and_limit_and_never_to_a_file_of_yours(tmp_
     assert len(load_prompt_set(DataSettings(name="jsonl", path=str(path), split="evaluation"))) == 3
     with pytest.raises(SelfspecError, match="split='half' is unknown; allowed: all, calibration, evaluation"):
         DataSettings(name="chat", split="half")
+
+
+def test_mix_is_every_set_with_the_limit_per_set():
+    data = run_settings("data=mix").data
+    assert data.names == ["humaneval", *SHIPPED_SETS]
+    prompts = load_prompt_set(DataSettings(**{**vars(data), "split": "evaluation"}))
+    assert len(prompts) == 3 * len(data.names) and len({p.question_id for p in prompts}) == len(prompts)
+    assert [p.question_id for p in prompts[3:6]] == ["chat-02", "chat-04", "chat-06"]
+    assert {"code", "summarize", "qa", "math", "translation", "retrieval"} <= {p.category for p in prompts}
+    bench = run_settings("experiment=bench").data
+    assert bench.names == data.names and bench.split == "evaluation"
+
+
+def test_calibration_texts_hold_every_calibration_half_and_no_evaluation_prompt():
+    texts = "\n".join(calibration_texts())
+    for name in SHIPPED_SETS:
+        calibration, evaluation = (split_prompts(load_prompts(name), split) for split in ("calibration", "evaluation"))
+        assert all(p.turns[0] in texts for p in calibration), name
+        assert not any(p.turns[0] in texts for p in evaluation), name
+
+
+def test_draft_training_takes_every_set():
+    assert list(run_settings().train.sets) == ["humaneval", *SHIPPED_SETS]

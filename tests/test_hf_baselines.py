@@ -1,10 +1,12 @@
-"""HF generate baselines: greedy equals our plain decoding, honest step records, seeded sampling, memory probe."""
+"""HF generate baselines: greedy equals our plain decoding, honest step records, seeded sampling, memory probe, and
+the stock baseline runs nn.Linear on a copy sharing every other weight."""
 
 import copy
 from dataclasses import replace
 
 import pytest
 import torch
+from torch import nn
 
 from selfspec.data.prompt_sets import encode_prompt, load_prompts
 from selfspec.decoding.hf_baselines import HF_STRATEGIES, make_hf_strategy
@@ -12,12 +14,15 @@ from selfspec.decoding.strategies import Strategy, make_strategy
 from selfspec.errors import SelfspecError
 from selfspec.evaluation.evaluate import measure_peak_memory
 from selfspec.models.loading import load_model
+from selfspec.models.packed_linear import PackedLinear, pack_linears
+from selfspec.models.skip import decoder_layers
 from selfspec.models.tiny import tiny_model
 from selfspec.settings import default_settings, make_skip_set
 
 from helpers import run_settings
 
-SAMPLING = default_settings().sampling  # the config's: greedy, 128 new tokens
+DEFAULTS = default_settings()
+SAMPLING = DEFAULTS.sampling  # the config's: greedy, 128 new tokens
 GREEDY = replace(SAMPLING, max_new_tokens=40)
 SAMPLE = replace(SAMPLING, temperature=0.8, top_k=50, top_p=0.95, max_new_tokens=30)
 
@@ -44,7 +49,7 @@ def test_greedy_outputs_equal_plain_and_steps_add_up(tiny, draft, prompt):
         result = strategy.generate(prompt)
         assert result.new_tokens == plain.new_tokens, strategy.name
         assert all(s.accepted <= s.drafted for s in result.steps)
-        if strategy.name == "hf_generate":  # one forward per token after the prefill, like our plain loop
+        if strategy.name in ("hf_generate", "hf_generate_stock"):  # a forward per token after the prefill, as ours
             assert len(result.steps) == 39 and result.drafted == 0 and result.prefill_s > 0
         else:  # assisted: the prefill is the first verify forward, every token comes from a step
             assert sum(s.emitted for s in result.steps) == 40 and result.drafted > 0
@@ -93,13 +98,49 @@ def test_sampling_is_reproducible_and_leaves_the_global_rng_alone(llama, draft, 
 
 
 def test_bad_names_and_settings_raise(llama):
-    with pytest.raises(SelfspecError, match="hf_generate, hf_prompt_lookup, hf_early_exit, hf_assistant"):
+    with pytest.raises(SelfspecError, match="hf_generate, hf_generate_stock, hf_prompt_lookup, hf_early_exit, "
+                                            "hf_assistant"):
         make_hf_strategy("hf_beam", llama, GREEDY, ())
     with pytest.raises(SelfspecError, match="draft model"):
         make_hf_strategy("hf_assistant", llama, GREEDY, ())
     with pytest.raises(SelfspecError, match="outside 1..6"):
         make_hf_strategy("hf_early_exit", llama, GREEDY, (), early_exit_layer=7)
     assert make_hf_strategy("hf_early_exit", llama, GREEDY, ()).early_exit_layer == 4  # 3/4 of 6 layers
+
+
+def counting_calls(modules) -> list[int]:
+    """A one-item list counting the forwards of `modules` (forward hooks that stay on: the modules are a test's own)."""
+    count = [0]
+    for module in modules:
+        module.register_forward_hook(lambda *_: count.__setitem__(0, count[0] + 1))
+    return count
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("family", ["llama", "gemma2"])
+def test_stock_generate_runs_dense_linears_sharing_the_rest_and_equals_hf_generate(family, tokenizer, prompt):
+    model = tiny_model(family, num_layers=6)  # float32: packing applies (gemma2: its 16-token window is crossed)
+    packed = [m for m in model.modules() if isinstance(m, PackedLinear)] if pack_linears(model) else []
+    hf, stock = (make_strategy(name, model, GREEDY, (), make_skip_set([], [], 6), DEFAULTS.draft)
+                 for name in ("hf_generate", "hf_generate_stock"))
+    assert hf.model is model and stock.model is not model and len(packed) == 6 * 7
+    dense = [m for layer in decoder_layers(stock.model) for m in layer.modules() if type(m) is nn.Linear]
+    assert len(dense) == len(packed) and not any(isinstance(m, PackedLinear) for m in stock.model.modules())
+    assert sum(isinstance(m, PackedLinear) for m in model.modules()) == len(packed)  # the model stays packed
+    # memory: the dense weights are the copy's only new tensors; embeddings, norms, biases and buffers are shared
+    shared = {id(t) for t in (*model.parameters(), *model.buffers())}
+    new = [t for t in (*stock.model.parameters(), *stock.model.buffers()) if id(t) not in shared]
+    assert sorted(t.numel() for t in new) == sorted(m.in_features * m.out_features for m in packed)
+    dense_calls, packed_calls = counting_calls(dense), counting_calls(packed)
+    prompts = (prompt, tokenizer("The cat sat on the mat. The cat sat on").input_ids)
+    stock_tokens = [stock.generate(ids).new_tokens for ids in prompts]
+    assert dense_calls[0] > 0 and packed_calls[0] == 0  # the stock baseline ran nn.Linear only
+    assert [hf.generate(ids).new_tokens for ids in prompts] == stock_tokens
+    assert packed_calls[0] == dense_calls[0]  # hf_generate ran the packed ones, as many times
+
+
+def test_stock_generate_is_hf_generate_where_nothing_is_packed(llama):
+    assert make_hf_strategy("hf_generate_stock", llama, GREEDY, ()).model is llama  # float64: never packed
 
 
 def test_self_speculation_holds_no_second_copy_of_the_weights(tokenizer):

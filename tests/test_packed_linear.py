@@ -38,6 +38,18 @@ def test_a_packed_linear_computes_what_the_linear_does(shape, bias):
         assert torch.equal(state[key], value)
 
 
+@pytest.mark.parametrize("bias", [False, True])
+def test_a_packed_linear_gives_back_the_linear_it_replaced(bias):
+    torch.manual_seed(0)
+    linear = nn.Linear(48, 80, bias=bias)
+    packed = PackedLinear(linear)
+    dense = packed.to_linear()
+    assert type(dense) is nn.Linear and torch.equal(dense.weight, linear.weight)
+    assert dense.weight.data_ptr() != linear.weight.data_ptr() and dense.bias is packed.bias  # bias shared
+    x = torch.randn(3, 48)
+    torch.testing.assert_close(dense(x), linear(x), rtol=0, atol=0)
+
+
 def test_a_packed_linear_refuses_to_train_and_says_how_to_run_it():
     packed = PackedLinear(nn.Linear(8, 8))
     x = torch.randn(2, 8, requires_grad=True)

@@ -1,4 +1,5 @@
-"""Benchmark prompts: HumanEval (code completion), the shipped chat and summarization sets, or any prompt file.
+"""Benchmark prompts: HumanEval (code completion), the shipped sets (chat, summarization, short factual questions,
+maths word problems, translation, questions over a long passage), or any prompt file.
 
 A prompt file is JSON lines or a JSON array (`.json`) of records in one of the public formats of
 prompt_formats.py. A prompt keeps all of its user turns; generation encodes the first (`encode_prompt`).
@@ -11,14 +12,14 @@ from selfspec.data.formats import FORMATS, Prompt, detect_format, parse_json, re
 from selfspec.errors import SelfspecError
 from selfspec.settings import FORMAT_NAMES, DataSettings
 
-PROMPTS_DIR = Path(__file__).parent / "prompts"  # package data: chat.jsonl, summarize.jsonl
-SHIPPED_SETS = ("chat", "summarize")
+PROMPTS_DIR = Path(__file__).parent / "prompts"  # package data: <name>.jsonl per shipped set
+SHIPPED_SETS = ("chat", "summarize", "qa", "math", "translate", "retrieval")
 PROMPT_SETS = ("humaneval", *SHIPPED_SETS, "jsonl")
 
 
 def load_prompts(name: str, path: str | None = None, limit: int | None = None,
                  format_name: str = "auto") -> list[Prompt]:
-    """The first `limit` prompts (None = all) of a set: humaneval, chat, summarize, or jsonl (the file at `path`,
+    """The first `limit` prompts (None = all) of a set: humaneval, a shipped set, or jsonl (the file at `path`,
     its records in `format_name`: one of prompt_formats.FORMATS, or auto = detected from its first record)."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise SelfspecError(f"limit={limit!r} is not allowed; use a positive number of prompts, or None for all")
@@ -159,5 +160,5 @@ def as_token_ids(encoded) -> list[int]:
 def calibration_texts() -> list[str]:
     """The calibration half of each shipped prompt set (with HumanEval's solutions), so the draft vocabulary is not
     fitted on the evaluation half that `make bench` reports on."""
-    sets = [split_prompts(load_prompts(name), "calibration") for name in ("humaneval", "chat", "summarize")]
+    sets = [split_prompts(load_prompts(name), "calibration") for name in ("humaneval", *SHIPPED_SETS)]
     return [p.turns[0] + (p.reference or "") for prompts in sets for p in prompts]

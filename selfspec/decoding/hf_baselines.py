@@ -1,9 +1,11 @@
 """Hugging Face `generate` baselines behind our Strategy interface.
 
-Names (summary.json keys): `hf_generate` (plain `model.generate`), `hf_prompt_lookup` (n-gram drafts copied from the
-prompt), `hf_early_exit` (the model's first layers draft, HF `assistant_early_exit`), `hf_assistant` (a separate
-draft model). Assisted decoding reads its draft length and confidence threshold from the *assistant's*
-`generation_config`, not from generate() arguments, so they are written there for one call and restored afterwards.
+Names (summary.json keys): `hf_generate` (plain `model.generate`), `hf_generate_stock` (the same on the stock model:
+`nn.Linear` where `model.packed_linears` packed the decoder's linears, what a user without selfspec runs),
+`hf_prompt_lookup` (n-gram drafts copied from the prompt), `hf_early_exit` (the model's first layers draft, HF
+`assistant_early_exit`), `hf_assistant` (a separate draft model); all but hf_generate_stock run on the packed model.
+Assisted decoding reads its draft length and confidence threshold from the *assistant's* `generation_config`, not
+from generate() arguments, so they are written there for one call and restored afterwards.
 Per-step records come from timing the candidate generator HF builds for the call (assisted modes) or the streamer
 (hf_generate); in assisted modes the prefill is the first step's verify forward, so `prefill_s` is 0 there.
 """
@@ -20,11 +22,12 @@ from selfspec.decoding.registry import StrategyInputs, StrategySpec
 from selfspec.decoding.results import GenerationResult, StepRecord
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import input_device
+from selfspec.models.packed_linear import unpacked_copy
 from selfspec.models.skip import num_layers
 from selfspec.settings import SamplingSettings, default_settings
 from selfspec.timing import clock
 
-HF_STRATEGIES = ("hf_generate", "hf_prompt_lookup", "hf_early_exit", "hf_assistant")
+HF_STRATEGIES = ("hf_generate", "hf_generate_stock", "hf_prompt_lookup", "hf_early_exit", "hf_assistant")
 PROMPT_LOOKUP_TOKENS = 10
 
 
@@ -104,6 +107,8 @@ def make_hf_strategy(name: str, model, settings: SamplingSettings, end_ids: tupl
     common = dict(num_assistant_tokens=num_assistant_tokens, confidence_threshold=confidence_threshold)
     if name == "hf_generate":
         return HFStrategy(name, model, settings, end_ids, **common)
+    if name == "hf_generate_stock":  # a copy with dense linears, made once per strategy; `model` stays packed
+        return HFStrategy(name, unpacked_copy(model), settings, end_ids, **common)
     if name == "hf_prompt_lookup":
         return HFStrategy(name, model, settings, end_ids, prompt_lookup_tokens=PROMPT_LOOKUP_TOKENS, **common)
     if name == "hf_early_exit":
@@ -126,6 +131,7 @@ def build_hf_strategy(name: str, inputs: StrategyInputs) -> HFStrategy:
 STRATEGIES = tuple(StrategySpec(name, description, partial(build_hf_strategy, name), hf_baseline=True)
                    for name, description in zip(HF_STRATEGIES, (
                        "HF model.generate without drafts",
+                       "HF model.generate without drafts on the stock model (nn.Linear, not packed): a user's baseline",
                        f"HF generate with prompt lookup ({PROMPT_LOOKUP_TOKENS} tokens)",
                        "HF generate drafting with the model's first layers (assistant_early_exit, hf.early_exit_layer)",
                        "HF generate with a separate draft model (assistant_model, draft_model)")))

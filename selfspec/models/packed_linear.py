@@ -11,8 +11,11 @@ was no faster than `nn.Linear` here (18 / 25 / 38 ms). Each output row is comput
 rows (measured here), as for the one-row-as-two output layer (output_layer.py).
 
 Packed only where it pays: a float32 model wholly on the CPU (bfloat16 took a slow path for 2 rows, 20x) with
-oneDNN available; inference only (the op has no backward).
+oneDNN available; inference only (the op has no backward). `unpacked_copy` gives back the stock model, for the
+baseline a user without selfspec has (strategy hf_generate_stock).
 """
+
+import copy
 
 import torch
 from torch import nn
@@ -38,6 +41,12 @@ class PackedLinear(nn.Module):
             raise RuntimeError("packed linears have no backward: run the model under torch.inference_mode() or "
                                "torch.no_grad(), or load it with model.packed_linears=false to train through it")
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+    def to_linear(self) -> nn.Linear:
+        """The `nn.Linear` this layer replaced: the weight unpacked into a new dense tensor, the bias shared."""
+        linear = nn.Linear(self.in_features, self.out_features, bias=False, device="meta")
+        linear.weight, linear.bias = nn.Parameter(self.packed.to_dense()), self.bias
+        return linear
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
         destination[prefix + "weight"] = self.packed.to_dense()
@@ -77,3 +86,15 @@ def _pack(module) -> int:
                 setattr(parent, name, PackedLinear(child))
                 replaced += 1
     return replaced
+
+
+def unpacked_copy(model):
+    """A second model object with `nn.Linear` where `model` has a PackedLinear, sharing every other parameter and
+    buffer with `model`, which stays packed; `model` itself when nothing in it is packed. Its memory is one dense copy
+    of the packed weights: SmolLM2-135M ~405 MiB, Gemma-3-270M ~383 MiB in float32."""
+    packed = [module for module in model.modules() if isinstance(module, PackedLinear)]
+    if not packed:
+        return model
+    memo = {id(tensor): tensor for tensor in (*model.parameters(), *model.buffers())}  # shared, never copied
+    memo |= {id(module): module.to_linear() for module in packed}  # deepcopy puts each where its packed layer was
+    return copy.deepcopy(model, memo)
