@@ -15,7 +15,7 @@ from selfspec.errors import SelfspecError
 from selfspec.models import trained_parts
 from selfspec.models.feature_head import load_feature_head, loaded_feature_head, new_feature_head, save_feature_head
 from selfspec.models.tiny import tiny_model
-from selfspec.models.trained_parts import sha256
+from selfspec.models.trained_parts import sha256, ship_part
 from selfspec.settings import default_settings
 
 from helpers import chi_square_pvalue, exact_pair_distribution
@@ -110,11 +110,14 @@ def test_heads_are_refused_for_another_model_or_kind_in_one_line(tiny, tmp_path)
 def test_a_shipped_head_is_found_by_its_model_and_checked_against_its_sha256(tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(trained_parts, "SHIPPED_DIR", tmp_path)
     head = noisy_head(tiny)
-    save_feature_head(tmp_path / "tiny-feature.pt", head, tiny)
-    info = {"kind": "feature", "model": trained_parts.model_signature(tiny), "sha256": sha256(tmp_path / "tiny-feature.pt")}
-    (tmp_path / "tiny-feature.json").write_text(json.dumps(info))
+    save_feature_head(tmp_path / "head.pt", head, tiny, epoch=3, made_by={"command": "python run.py ..."})
+    ship_part(tmp_path / "head.pt", "tiny-feature", tmp_path)
+    info = json.loads((tmp_path / "tiny-feature.json").read_text())
+    assert info["model"] == trained_parts.model_signature(tiny) and info["epoch"] == 3 and info["made_by"]
+    assert info["sha256"] == sha256(tmp_path / "tiny-feature.pt")
     loaded = load_feature_head("shipped", tiny)
-    assert torch.equal(loaded.fuse.weight, head.fuse.weight)
+    assert torch.equal(loaded.fuse.weight, head.fuse.weight.half().to(tiny.dtype))  # shipped in float16
+    assert not torch.equal(loaded.fuse.weight, head.fuse.weight)
     (tmp_path / "tiny-feature.json").write_text(json.dumps(info | {"sha256": "0" * 64}))
     with pytest.raises(SelfspecError, match="does not match its sha256"):
         load_feature_head("shipped", tiny)

@@ -10,7 +10,7 @@ import torch
 from selfspec.models.loading import LoadedModel
 from selfspec.models.tiny import tiny_model
 from selfspec.training.draft_data import generate_sequences, sequence_states, train_prompts
-from selfspec.training.train_draft import fit, new_part
+from selfspec.training.train_draft import fit, new_part, training_rows
 
 from helpers import run_py, run_settings
 
@@ -43,8 +43,9 @@ def test_training_lowers_the_validation_loss_and_keeps_the_best(model, tokenizer
     assert len(sequences) == 8 and all(len(s) > 12 for s in sequences)  # 4 prompts x (greedy + 1 sampled)
     assert len({tuple(s) for s in sequences}) > 4  # the sampled ones differ from the greedy ones
     assert all(d.final.shape == (len(d.tokens), 32) and (d.shallow is not None) == (kind == "kangaroo") for d in data)
-    history = fit(new_part(model, kind, exit_layer), model, data, model.lm_head.weight.detach(), run, tmp_path,
-                  exit_layer, 0.0)
+    rows = training_rows(torch.arange(model.config.vocab_size), model.lm_head.weight.detach(), data, "data")
+    history = fit(new_part(model, kind, exit_layer), model, data, (rows, model.lm_head.weight.detach()), run,
+                  tmp_path, exit_layer, 0.0)
     assert [h["epoch"] for h in history] == [0, 1, 2, 3]
     assert history[-1]["val_loss"] < history[0]["val_loss"]
     saved = torch.load(tmp_path / ("head.pt" if kind == "feature" else "adapter.pt"), weights_only=True)
@@ -52,10 +53,23 @@ def test_training_lowers_the_validation_loss_and_keeps_the_best(model, tokenizer
     assert saved["made_by"]["data"]["sets"] == ["chat"]
 
 
+def test_training_scores_the_rows_of_the_tokens_its_data_holds(model, tokenizer, tmp_path):
+    _, data = training_data(model, tokenizer, settings("feature"), tmp_path / "data", None)
+    weight = model.lm_head.weight.detach()  # (vocab, hidden)
+    held = torch.unique(torch.cat([d.tokens for d in data]))
+    rows = training_rows(torch.arange(len(weight)), weight, data, "data")
+    assert len(held) < len(weight) and torch.equal(rows, weight[held])
+    not_held = next(i for i in range(len(weight)) if i not in held)
+    draft_vocab = torch.tensor([held[0], held[1], not_held])  # a draft vocabulary's rows: those held alone
+    assert torch.equal(training_rows(draft_vocab, weight[draft_vocab], data, "data"), weight[held[:2]])
+    assert training_rows(torch.arange(len(weight)), weight, data, "all") is weight
+
+
 def seeded_fit(model, data, run, folder):
     torch.manual_seed(0)  # as run.py's seed before the part is made
     folder.mkdir(exist_ok=True)
-    return fit(new_part(model, "feature", None), model, data, model.lm_head.weight.detach(), run, folder, None, 0.0)
+    weight = model.lm_head.weight.detach()
+    return fit(new_part(model, "feature", None), model, data, (weight, weight), run, folder, None, 0.0)
 
 
 def test_shards_are_reused_and_training_resumes_exactly_and_reproducibly(model, tokenizer, tmp_path):
@@ -101,8 +115,11 @@ def test_run_py_trains_resumes_and_benchmarks_a_feature_head(tmp_path):
 @pytest.mark.slow
 def test_run_py_trains_and_benchmarks_kangaroo(tmp_path):
     result = run_py(*TINY_RUN, "experiment=kangaroo_train", *SMALL, "train.epochs=1", "kangaroo.exit_layer=4",
-                    f"hydra.run.dir={tmp_path / 'train'}", timeout=300)
+                    f"train.data_dir={tmp_path / 'shared'}", f"hydra.run.dir={tmp_path / 'train'}", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "shared").iterdir()) == ["states-final-4-0000.pt", "states-final-4-0001.pt",
+                                                                       "tokens-0000.pt", "tokens-0001.pt"]
+    assert not (tmp_path / "train" / "draft_data").exists()
     adapter = tmp_path / "train" / "adapter.pt"
     assert adapter.is_file() and f"kangaroo.adapter_path={adapter}" in result.stdout
     result = run_py(*TINY_RUN, "data=chat", "data.limit=2", "sampling.max_new_tokens=24", "strategies=[plain,kangaroo]",

@@ -72,6 +72,19 @@ def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def ship_part(path: Path, name: str, shipped_dir: Path = SHIPPED_DIR) -> Path:
+    """Copy the trained part at `path` into `shipped_dir` as `<name>.pt`, its weights in float16 (half the size; a
+    load casts them to the model's dtype), with `<name>.json` beside it: kind, model, sha256 and what the trainer
+    recorded (epoch, validation loss and agreement, command, data settings, commit). Returns the .pt path."""
+    saved = torch.load(path, map_location="cpu", weights_only=True)
+    saved["state_dict"] = {k: v.half() if v.is_floating_point() else v for k, v in saved["state_dict"].items()}
+    out = shipped_dir / f"{name}.pt"
+    save_atomic(saved, out)
+    info = {k: v for k, v in saved.items() if k != "state_dict"} | {"sha256": sha256(out)}
+    (shipped_dir / f"{name}.json").write_text(json.dumps(info, indent=1) + "\n")
+    return out
+
+
 def shipped_path(model, kind: str, setting: str) -> Path | None:
     """The shipped part of `kind` trained for `model` (found by its signature), checked against its sha256; None
     when none ships for it."""

@@ -2,8 +2,9 @@
 each draft learns from, in shards so that a killed run keeps what it made.
 
 1. Sequences: per prompt `train.samples_per_prompt` continuations by transformers' own batched `generate` (left
-   padding): the greedy one, then sampled ones (`train.temperature`), each cut after its first end id. One shard per
-   `train.generate_batch` prompts (`tokens-NNNN.pt`), reused by a later run with the same settings.
+   padding; prompts batched by length, as every prompt of a batch costs as much as its longest): the greedy one,
+   then sampled ones (`train.temperature`), each cut after its first end id. One shard per `train.generate_batch`
+   prompts (`tokens-NNNN.pt`), reused by a later run with the same settings.
 2. States: one full forward per sequence gives the final normed hidden state at every position (the feature head's
    input and target, the teacher of both drafts) and, for Kangaroo, the state after `exit_layer` layers; stored per
    shard in float16 (`states-<layers>-NNNN.pt`), recomputed only when missing.
@@ -50,7 +51,7 @@ def generate_sequences(loaded: LoadedModel, prompts: list[Prompt], settings: Tra
     """`samples_per_prompt` sequences per prompt (greedy first), shard by shard; a shard written by an earlier run
     with the same settings is read back instead of generated again."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    ids = [encode_prompt(loaded.tokenizer, p) for p in prompts]
+    ids = sorted((encode_prompt(loaded.tokenizer, p) for p in prompts), key=len)  # little left padding per batch
     batches = [ids[i:i + settings.generate_batch] for i in range(0, len(ids), settings.generate_batch)]
     sequences, started = [], time.monotonic()
     bar = tqdm(total=len(ids) * settings.samples_per_prompt * settings.max_new_tokens, desc="generate",

@@ -5,9 +5,12 @@ draft_head=feature|kangaroo`): distil the full model into it on the model's own 
 - kangaroo (models/kangaroo_adapter.py): from the state after `kangaroo.exit_layer` layers predict h_t.
 
 Loss per position: `feature_weight` x smooth-L1 between the predicted and the true state, plus `soft_ce_weight` x
-the cross-entropy of the draft's distribution against the full model's (both through the model's frozen output layer,
-or the rows of the draft vocabulary where `draft.vocab_size` is set, as the draft scores). Inputs get Gaussian noise of std `feature_noise` (the head drafts on its own
-predictions after the first token). AdamW on padded batches of sequences; a validation split by sequence.
+the cross-entropy of the draft's distribution against the full model's, both through the model's frozen output
+layer: the rows the draft scores (the draft vocabulary's where `draft.vocab_size` is set), in training only those of
+the tokens the training sequences hold (`train.ce_vocab=data`: the output layer dominates a training step, and every
+greedy next token is among them); validation scores with all of them. Inputs get Gaussian noise of std
+`feature_noise` (the head drafts on its own predictions after the first token). AdamW on padded batches of
+sequences; a validation split by sequence.
 
 After every epoch checkpoint.pt (part, optimizer, history) is written atomically and the best part so far by
 validation loss is saved (head.pt / adapter.pt), so a rerun into the same directory (or train.resume=<dir>) goes
@@ -51,13 +54,15 @@ def train(run: RunSettings, out_dir: Path) -> Path:
     loaded = load_model(run.model)
     model = loaded.model.requires_grad_(False)  # frozen: gradients flow into the draft only
     exit_layer = check_exit_layer(run.kangaroo.exit_layer, num_layers(model)) if kind == "kangaroo" else None
-    sequences = generate_sequences(loaded, train_prompts(settings), settings, work_dir / "draft_data")
-    data = sequence_states(model, sequences, exit_layer, work_dir / "draft_data", settings.generate_batch)
-    weight = output_rows(model, loaded.tokenizer, run.draft.vocab_size)
+    data_dir = Path(settings.data_dir).expanduser() if settings.data_dir else work_dir / "draft_data"
+    sequences = generate_sequences(loaded, train_prompts(settings), settings, data_dir)
+    data = sequence_states(model, sequences, exit_layer, data_dir, settings.generate_batch)
+    token_ids, weight = output_rows(model, loaded.tokenizer, run.draft.vocab_size)
+    train_weight = training_rows(token_ids, weight, data, settings.ce_vocab)
     part = new_part(model, kind, exit_layer)
     wandb_run = start_run(run.logger, out_dir, asdict(run), job_type="train_draft")
     try:
-        history = fit(part, model, data, weight, run, work_dir, exit_layer, started, wandb_run)
+        history = fit(part, model, data, (train_weight, weight), run, work_dir, exit_layer, started, wandb_run)
         best = min(history, key=lambda h: h["val_loss"])
         path = work_dir / FILES[kind]
         if wandb_run is not None:
@@ -92,11 +97,24 @@ def resume_dir(resume, out_dir: Path) -> Path:
     return resume
 
 
-def output_rows(model, tokenizer, vocab_size: int | None) -> torch.Tensor:
-    """(n, hidden): the output layer's rows the draft scores (those of draft.vocab_size's tokens, else all)."""
+def output_rows(model, tokenizer, vocab_size: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(token ids (n,), their rows (n, hidden)): the output layer's rows the draft scores (those of
+    draft.vocab_size's tokens, else all)."""
     if vocab_size:
-        return make_draft_head(model, tokenizer, vocab_size, calibration_texts()).weight
-    return model.get_output_embeddings().weight.detach()
+        head = make_draft_head(model, tokenizer, vocab_size, calibration_texts())
+        return head.token_ids.cpu(), head.weight
+    weight = model.get_output_embeddings().weight.detach()
+    return torch.arange(weight.shape[0]), weight
+
+
+def training_rows(token_ids: torch.Tensor, weight: torch.Tensor, data: list[TrainingSequence],
+                  ce_vocab: str) -> torch.Tensor:
+    """(m, hidden): of the scoring rows `weight` (n, hidden) of `token_ids` (n,), those the training loss scores
+    with: the rows of the tokens the training sequences hold (ce_vocab=data), else all."""
+    if ce_vocab == "all":
+        return weight
+    in_data = torch.isin(token_ids, torch.cat([s.tokens for s in data]))  # (n,)
+    return weight[in_data.to(weight.device)]
 
 
 def split(sequences: list, val_fraction: float, seed: int) -> tuple[list, list]:
@@ -165,11 +183,13 @@ def validate(part, model, val: list, weight: torch.Tensor, weights, batch_size: 
     return total / count, agree / count
 
 
-def fit(part, model, data: list, weight: torch.Tensor, run: RunSettings, work_dir: Path, exit_layer: int | None, started: float,
-        wandb_run=None) -> list[dict]:
+def fit(part, model, data: list, rows: tuple[torch.Tensor, torch.Tensor], run: RunSettings, work_dir: Path,
+        exit_layer: int | None, started: float, wandb_run=None) -> list[dict]:
     """Train (or go on training) up to train.epochs epochs; returns the history, one dict per epoch (epoch 0: the
-    untrained part)."""
+    untrained part). `rows`: the output-layer rows the training loss scores with (train.ce_vocab) and those
+    validation scores with (all the draft scores)."""
     settings, weights, kind = run.train, run.draft_head, run.draft_head.kind
+    train_weight, weight = rows
     train_set, val = split(data, settings.val_fraction, settings.seed)
     optimizer = torch.optim.AdamW(part.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     checkpoint_path, part_path = work_dir / "checkpoint.pt", work_dir / FILES[kind]
@@ -199,8 +219,8 @@ def fit(part, model, data: list, weight: torch.Tensor, run: RunSettings, work_di
         order = torch.randperm(len(train_set), generator=generator).tolist()
         total = 0.0
         for i in range(0, len(order), settings.batch_size):
-            loss, _, _ = losses(part, model, [train_set[j] for j in order[i:i + settings.batch_size]], weight, weights,
-                                weights.feature_noise, generator)
+            batch = [train_set[j] for j in order[i:i + settings.batch_size]]
+            loss, _, _ = losses(part, model, batch, train_weight, weights, weights.feature_noise, generator)
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
