@@ -10,7 +10,6 @@ each draft learns from, in shards so that a killed run keeps what it made.
    shard in float16 (`states-<layers>-NNNN.pt`), recomputed only when missing.
 """
 
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +23,7 @@ from selfspec.models.devices import input_device
 from selfspec.models.loading import LoadedModel
 from selfspec.models.trained_parts import save_atomic
 from selfspec.settings import TrainSettings
+from selfspec.timing import clock
 
 
 @dataclass
@@ -53,7 +53,7 @@ def generate_sequences(loaded: LoadedModel, prompts: list[Prompt], settings: Tra
     data_dir.mkdir(parents=True, exist_ok=True)
     ids = sorted((encode_prompt(loaded.tokenizer, p) for p in prompts), key=len)  # little left padding per batch
     batches = [ids[i:i + settings.generate_batch] for i in range(0, len(ids), settings.generate_batch)]
-    sequences, started = [], time.monotonic()
+    sequences, started = [], clock()
     bar = tqdm(total=len(ids) * settings.samples_per_prompt * settings.max_new_tokens, desc="generate",
                unit="tok", unit_scale=True)
     for index, batch in enumerate(batches):
@@ -70,7 +70,7 @@ def generate_sequences(loaded: LoadedModel, prompts: list[Prompt], settings: Tra
         bar.update(len(batch) * settings.samples_per_prompt * settings.max_new_tokens)
     bar.close()
     tokens = sum(map(len, sequences))
-    print(f"train data: {len(sequences)} sequences, {tokens} tokens ({time.monotonic() - started:.0f} s)")
+    print(f"train data: {len(sequences)} sequences, {tokens} tokens ({clock() - started:.0f} s)")
     return sequences
 
 

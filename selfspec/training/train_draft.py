@@ -21,7 +21,6 @@ and the final part is logged as a W&B artifact. Stops early after `train.max_min
 import random
 import subprocess
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -40,6 +39,7 @@ from selfspec.models.skip import num_layers
 from selfspec.models.trained_parts import model_signature, save_atomic
 from selfspec.records.wandb_logger import log_files, start_run
 from selfspec.settings import RunSettings
+from selfspec.timing import clock
 from selfspec.training.draft_data import TrainingSequence, generate_sequences, sequence_states, train_prompts
 
 FILES = {"feature": "head.pt", "kangaroo": "adapter.pt"}
@@ -47,7 +47,7 @@ FILES = {"feature": "head.pt", "kangaroo": "adapter.pt"}
 
 def train(run: RunSettings, out_dir: Path) -> Path:
     """The train_draft task; returns the path of the trained part."""
-    started = time.monotonic()
+    started = clock()
     torch.manual_seed(run.seed)
     settings, kind = run.train, run.draft_head.kind
     work_dir = resume_dir(settings.resume, out_dir)
@@ -74,7 +74,7 @@ def train(run: RunSettings, out_dir: Path) -> Path:
     print(f"\n{kind} draft for {loaded.name}: epoch {best['epoch']}, val loss {best['val_loss']:.4f} (untrained "
           f"{untrained['val_loss']:.4f}), val agreement {best['val_agreement']:.3f} (untrained "
           f"{untrained['val_agreement']:.3f}); {sum(len(s.tokens) for s in data)} tokens, "
-          f"{(time.monotonic() - started) / 60:.1f} min\nsaved: {path}")
+          f"{(clock() - started) / 60:.1f} min\nsaved: {path}")
     strategy = "'strategies=[plain,self_spec_head,self_spec_tree]' draft.head" if kind == "feature" else \
         "'strategies=[plain,kangaroo]' kangaroo.adapter_path"
     print(f"benchmark it: python run.py model={run.model.name} {strategy}={path}")
@@ -211,7 +211,7 @@ def fit(part, model, data: list, rows: tuple[torch.Tensor, torch.Tensor], run: R
     batches = (len(train_set) + settings.batch_size - 1) // settings.batch_size
     bar = tqdm(total=settings.epochs * batches, initial=min(done, settings.epochs) * batches, desc="train", unit="batch")
     for epoch in range(done + 1, settings.epochs + 1):
-        if settings.max_minutes is not None and time.monotonic() - started > 60 * settings.max_minutes:
+        if settings.max_minutes is not None and clock() - started > 60 * settings.max_minutes:
             bar.write(f"train.max_minutes={settings.max_minutes} reached: stopping after epoch {epoch - 1}")
             break
         part.train()
