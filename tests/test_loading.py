@@ -38,7 +38,7 @@ def test_hub_source_loads_a_local_directory_in_the_requested_dtype(tmp_path):
 @pytest.mark.parametrize("overrides, named", [
     (dict(source="pytorch_hub"), "'pytorch_hub'"),
     (dict(dtype="fp32"), "'fp32'"),
-    (dict(family="gpt2"), "'gpt2'"),
+    (dict(family="gptj"), "'gptj'"),
     (dict(device="tpu:x"), "'tpu:x'"),
     (dict(source="hub", path="meta-llama/Llama-2-7b-chat-hf"), "'meta-llama/Llama-2-7b-chat-hf'"),
     (dict(source="hub", path="/no/such/dir"), "'/no/such/dir'"),

@@ -23,7 +23,7 @@ from selfspec.decoding.results import GenerationResult, StepRecord
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import input_device
 from selfspec.models.packed_linear import unpacked_copy
-from selfspec.models.skip import num_layers
+from selfspec.models.layouts import num_layers
 from selfspec.settings import SamplingSettings, default_settings
 from selfspec.timing import clock
 

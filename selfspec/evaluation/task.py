@@ -15,7 +15,7 @@ from selfspec.evaluation.spec_bench import write_answers
 from selfspec.evaluation.summarize import summary_title, write_summary
 from selfspec.models.draft_head import DraftHead, make_draft_head
 from selfspec.models.loading import LoadedModel, load_model
-from selfspec.models.skip import num_layers
+from selfspec.models.layouts import num_layers
 from selfspec.models.skip_config import resolve_skip
 from selfspec.records.prompt_records import WrittenRecord, read_records
 from selfspec.records.run_dir import RECORDS_FILE, SETTINGS_FILE, open_run_dir

@@ -19,7 +19,7 @@ from transformers.utils import cached_file
 
 from selfspec.errors import SelfspecError
 from selfspec.models.packed_linear import pack_linears
-from selfspec.models.skip import decoder_layers
+from selfspec.models.layouts import decoder_layers
 from selfspec.models.tiny import byte_tokenizer, tiny_model
 from selfspec.settings import DEVICE_MAP_PLANS, ModelSettings
 
