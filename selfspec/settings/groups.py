@@ -9,7 +9,7 @@ from selfspec.errors import SelfspecError
 from selfspec.settings.decoding import SkipSettings
 from selfspec.settings.typed import at_least, in_unit, one_of
 
-MODEL_SOURCES = ("smollm2", "gemma3_270m", "hub", "tiny")
+MODEL_SOURCES = ("smollm2", "gemma3_270m", "hub", "gguf", "tiny")  # hub: a checkpoint folder or a hub id; gguf: a file
 # models/tiny.py's: one per architecture of the layout registry (models/layouts.py), llama3 with Llama-3's RoPE scaling
 TINY_FAMILIES = ("llama", "gemma2", "gemma3", "llama3", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma",
                  "phi3", "olmo2", "granite", "gpt2", "gpt_neox", "falcon", "opt")
@@ -78,7 +78,7 @@ class ModelSettings:
         one_of("source", self.source, MODEL_SOURCES)
         one_of("dtype", self.dtype, DTYPES)
         check_device_map(self.device_map)
-        if self.source in ("smollm2", "gemma3_270m") and not self.cache_dir:
+        if self.source in ("smollm2", "gemma3_270m", "gguf") and not self.cache_dir:
             raise SelfspecError(f"cache_dir={self.cache_dir!r}: source {self.source} needs a folder for its converted "
                                 f"weights")
         if self.source == "tiny":
