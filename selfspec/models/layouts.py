@@ -22,6 +22,21 @@ def _never(config) -> bool:
     return False
 
 
+def _as_layer(config, layer: int) -> None:
+    """Make `config` (of a one-layer copy of layer `layer`) give its layer 0 what layer `layer` has: Gemma's sliding or
+    global attention (and rope)."""
+    if getattr(config, "layer_types", None):
+        config.layer_types = [config.layer_types[layer]]
+
+
+def _as_sparse_or_dense_layer(config, layer: int) -> None:
+    """Qwen3-MoE: whether a layer's MLP is the sparse block follows its index; keep layer `layer`'s kind at index 0."""
+    _as_layer(config, layer)
+    sparse = (layer not in config.mlp_only_layers and config.num_experts > 0
+              and (layer + 1) % config.decoder_sparse_step == 0)
+    config.decoder_sparse_step, config.mlp_only_layers = 1, ([] if sparse else [0])
+
+
 @dataclass(frozen=True)
 class Layout:
     family: str  # the architecture as users name it (messages, the README's table)
@@ -38,11 +53,12 @@ class Layout:
     # One-layer copies (Kangaroo's adapter, the feature head) are fed `inputs_embeds`; a base model that adds learnt
     # absolute positions to them (GPT-2, OPT) would add them a second time
     trained_parts: bool = True
+    as_layer: Callable[[object, int], None] = _as_layer  # set a one-layer copy's config to copy layer i
 
 
-def _llama_like(family: str) -> Layout:
+def _llama_like(family: str, **options) -> Layout:
     """`model.layers[i].self_attn / .mlp`, final `model.norm`, one sublayer after the other."""
-    return Layout(family, layers="layers", attention="self_attn", mlp=("mlp",), norm="norm")
+    return Layout(family, layers="layers", attention="self_attn", mlp=("mlp",), norm="norm", **options)
 
 
 LAYOUTS: dict[str, Layout] = {
@@ -51,7 +67,7 @@ LAYOUTS: dict[str, Layout] = {
     "mixtral": _llama_like("Mixtral"),  # the MLP sublayer is a sparse MoE block
     "qwen2": _llama_like("Qwen2"),
     "qwen3": _llama_like("Qwen3"),
-    "qwen3_moe": _llama_like("Qwen3-MoE"),
+    "qwen3_moe": _llama_like("Qwen3-MoE", as_layer=_as_sparse_or_dense_layer),  # dense MLPs between sparse ones
     "gemma": _llama_like("Gemma"),
     "gemma2": _llama_like("Gemma-2"),
     "gemma3_text": _llama_like("Gemma-3 (text)"),

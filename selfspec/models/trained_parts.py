@@ -19,7 +19,7 @@ from transformers import AutoModel
 
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import loaded_weights
-from selfspec.models.layouts import decoder_layers, final_norm, num_layers, require_trained_parts
+from selfspec.models.layouts import decoder_layers, final_norm, layout_of, num_layers, require_trained_parts
 
 SHIPPED_DIR = Path(__file__).parent / "heads"
 SHIPPED = "shipped"  # the setting value that picks the shipped head of the loaded model
@@ -32,8 +32,7 @@ def one_layer_model(model, layer: int, what: str) -> torch.nn.Module:
     require_trained_parts(model, what)
     config = copy.deepcopy(model.config.get_text_config())
     config.num_hidden_layers, config.vocab_size, config.pad_token_id = 1, 1, None
-    if getattr(config, "layer_types", None):  # Gemma: keep the copied layer's sliding/global attention and rope
-        config.layer_types = [config.layer_types[layer]]
+    layout_of(model).as_layer(config, layer)  # e.g. Gemma's sliding or global attention, Qwen3-MoE's sparse MLP
     body = AutoModel.from_config(config)
     embedding = next(name for name, child in body.named_children() if child is body.get_input_embeddings())
     setattr(body, embedding, None)  # (a one-row vocabulary above keeps the model from allocating a real one)
