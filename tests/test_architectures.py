@@ -22,7 +22,7 @@ from selfspec.models.cache import forward, new_cache
 from selfspec.models.draft_head import make_draft_head
 from selfspec.models.feature_head import new_feature_head, save_feature_head
 from selfspec.models.kangaroo_adapter import new_adapter, save_adapter
-from selfspec.models.layouts import LAYOUTS, decoder_layers, layout_of, sublayer_modules
+from selfspec.models.layouts import LAYOUTS, decoder_layers, describe, layout_of, sublayer_modules
 from selfspec.models.skip import skipping
 from selfspec.models.tiny import tiny_model
 from selfspec.settings import default_settings, make_skip_set
@@ -123,6 +123,17 @@ def test_greedy_decoding_equals_plain_and_hf_generate_past_the_window(model):
         assert result.new_tokens == plain and result.drafted > 0, name
 
 
+@pytest.mark.parametrize("family, config, said", [
+    ("gpt_neox", {}, "GPT-NeoX (gpt_neox): 4 layers, parallel residual"),
+    ("gpt_neox", dict(use_parallel_residual=False), "GPT-NeoX (gpt_neox): 4 layers, sequential"),
+    ("falcon", {}, "Falcon (falcon): 4 layers, parallel residual"),
+    ("falcon", dict(parallel_attn=False), "Falcon (falcon): 4 layers, sequential"),
+    ("gemma3", {}, "Gemma-3 (text) (gemma3_text): 4 layers, sequential"),
+])
+def test_describe_says_the_family_and_block(family, config, said):
+    assert describe(variant(family, **config)) == said
+
+
 def test_the_cost_meter_times_every_sublayer(model):
     cache = new_cache(model, len(PROMPT) + 2)
     forward(model, cache, PROMPT, 0)
@@ -138,6 +149,13 @@ def test_trained_parts_are_refused_in_one_line_where_a_one_layer_copy_cannot_com
         with pytest.raises(SelfspecError, match=f"^{what} is not supported for {LAYOUTS[family].family} models") as err:
             build()
         assert "\n" not in str(err.value)
+
+
+def test_a_falcon_with_alibi_positions_is_refused_in_one_line():
+    with pytest.raises(SelfspecError, match=r"^model FalconForCausalLM: Falcon with ALiBi positions \(alibi=true: "
+                                            r"Falcon-RW\) is not supported; supported: Llama") as err:
+        generate(variant("falcon", alibi=True), PROMPT, GREEDY)
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.slow

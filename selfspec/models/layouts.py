@@ -22,6 +22,10 @@ def _never(config) -> bool:
     return False
 
 
+def _no_variant_refused(config) -> str | None:
+    return None
+
+
 def _as_layer(config, layer: int) -> None:
     """Make `config` (of a one-layer copy of layer `layer`) give its layer 0 what layer `layer` has: Gemma's sliding or
     global attention (and rope)."""
@@ -54,6 +58,7 @@ class Layout:
     # absolute positions to them (GPT-2, OPT) would add them a second time
     trained_parts: bool = True
     as_layer: Callable[[object, int], None] = _as_layer  # set a one-layer copy's config to copy layer i
+    refused: Callable[[object], str | None] = _no_variant_refused  # a variant of the block our decoding gets wrong
 
 
 def _llama_like(family: str, **options) -> Layout:
@@ -79,11 +84,19 @@ LAYOUTS: dict[str, Layout] = {
                        parallel_residual=lambda config: config.use_parallel_residual, cache_kwarg="layer_past"),
     "falcon": Layout("Falcon", layers="h", attention="self_attention", mlp=("mlp",), norm="ln_f",
                      parallel_residual=lambda config: config.parallel_attn or config.new_decoder_architecture,
-                     layer_returns_tuple=True, cache_kwarg="layer_past"),
+                     layer_returns_tuple=True, cache_kwarg="layer_past",
+                     refused=lambda config: "ALiBi positions (alibi=true: Falcon-RW)" if config.alibi else None),
     "opt": Layout("OPT", layers="decoder.layers", attention="self_attn", mlp=("fc1", "fc2"),
                   norm="decoder.final_layer_norm", whole_layer_skip=lambda config: config.do_layer_norm_before,
                   trained_parts=False),
 }
+
+
+def describe(model) -> str:
+    """One line on the model's layout, e.g. `GPT-NeoX (gpt_neox): 4 layers, parallel residual`."""
+    layout = layout_of(model)
+    block = "parallel residual" if layout.parallel_residual(model.config.get_text_config()) else "sequential"
+    return f"{layout.family} ({model_type(model)}): {num_layers(model)} layers, {block}"
 
 
 def supported() -> str:
@@ -96,7 +109,12 @@ def model_type(model) -> str | None:
 
 def layout_of(model) -> Layout:
     """The registered layout of `model`; SelfspecError in one line for an architecture outside the registry."""
-    return registered(model_type(model), f"model {type(model).__name__}")
+    layout = registered(model_type(model), f"model {type(model).__name__}")
+    variant = layout.refused(model.config)
+    if variant is not None:  # (its forward over our cache fails inside attention, untested for losslessness)
+        raise SelfspecError(f"model {type(model).__name__}: {layout.family} with {variant} is not supported; "
+                            f"supported: {supported()}")
+    return layout
 
 
 def registered(kind: str | None, what: str) -> Layout:
