@@ -151,6 +151,16 @@ def test_trained_parts_are_refused_in_one_line_where_a_one_layer_copy_cannot_com
         assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("family", [model_type for model_type, layout in LAYOUTS.items() if not layout.hf_assisted])
+def test_hf_assisted_generation_baselines_are_refused_in_one_line_where_transformers_fails(family):
+    model = tiny_model(family, num_layers=2)
+    for name in ("hf_early_exit", "hf_assistant"):
+        with pytest.raises(SelfspecError, match=f"^strategy {name} \\(transformers' assisted generation\\) fails on "
+                                                f"{LAYOUTS[family].family} models") as err:
+            make_strategy(name, model, GREEDY, (), SKIP, DRAFT, draft_model=model)
+        assert "\n" not in str(err.value)
+
+
 def test_a_falcon_with_alibi_positions_is_refused_in_one_line():
     with pytest.raises(SelfspecError, match=r"^model FalconForCausalLM: Falcon with ALiBi positions \(alibi=true: "
                                             r"Falcon-RW\) is not supported; supported: Llama") as err:

@@ -59,6 +59,9 @@ class Layout:
     trained_parts: bool = True
     as_layer: Callable[[object, int], None] = _as_layer  # set a one-layer copy's config to copy layer i
     refused: Callable[[object], str | None] = _no_variant_refused  # a variant of the block our decoding gets wrong
+    # transformers 5.23's assisted generation (hf_early_exit, hf_assistant) ends in an IndexError inside the cache
+    # update of GPT-2, OPT, GPT-NeoX and Falcon models (measured on the tiny ones): those baselines are refused there
+    hf_assisted: bool = True
 
 
 def _llama_like(family: str, **options) -> Layout:
@@ -79,16 +82,19 @@ LAYOUTS: dict[str, Layout] = {
     "phi3": _llama_like("Phi-3"),
     "olmo2": _llama_like("OLMo-2"),
     "granite": _llama_like("Granite"),
-    "gpt2": Layout("GPT-2", layers="h", attention="attn", mlp=("mlp",), norm="ln_f", trained_parts=False),
+    "gpt2": Layout("GPT-2", layers="h", attention="attn", mlp=("mlp",), norm="ln_f", trained_parts=False,
+                   hf_assisted=False),
     "gpt_neox": Layout("GPT-NeoX", layers="layers", attention="attention", mlp=("mlp",), norm="final_layer_norm",
-                       parallel_residual=lambda config: config.use_parallel_residual, cache_kwarg="layer_past"),
+                       parallel_residual=lambda config: config.use_parallel_residual, cache_kwarg="layer_past",
+                       hf_assisted=False),
     "falcon": Layout("Falcon", layers="h", attention="self_attention", mlp=("mlp",), norm="ln_f",
                      parallel_residual=lambda config: config.parallel_attn or config.new_decoder_architecture,
                      layer_returns_tuple=True, cache_kwarg="layer_past",
-                     refused=lambda config: "ALiBi positions (alibi=true: Falcon-RW)" if config.alibi else None),
+                     refused=lambda config: "ALiBi positions (alibi=true: Falcon-RW)" if config.alibi else None,
+                     hf_assisted=False),
     "opt": Layout("OPT", layers="decoder.layers", attention="self_attn", mlp=("fc1", "fc2"),
                   norm="decoder.final_layer_norm", whole_layer_skip=lambda config: config.do_layer_norm_before,
-                  trained_parts=False),
+                  trained_parts=False, hf_assisted=False),
 }
 
 
@@ -158,6 +164,14 @@ def require_trained_parts(model, what: str) -> None:
         raise SelfspecError(f"{what} is not supported for {layout.family} models: its base model adds learnt "
                             f"absolute positions to the inputs of a one-layer copy; use the layer-skip or copying "
                             f"strategies")
+
+
+def require_hf_assisted(model, strategy: str) -> None:
+    """HF's assisted generation (strategy hf_early_exit, hf_assistant): refused in one line where it fails."""
+    layout = layout_of(model)
+    if not layout.hf_assisted:
+        raise SelfspecError(f"strategy {strategy} (transformers' assisted generation) fails on {layout.family} models "
+                            f"in transformers 5.23; compare with hf_generate or hf_prompt_lookup")
 
 
 def _attribute(root: nn.Module, path: str):
