@@ -20,7 +20,7 @@ from selfspec.data.prompt_sets import calibration_texts
 from selfspec.decoding.costs import CONTEXT, measure_draft_ms, measure_step_costs
 from selfspec.models.draft_head import make_draft_head
 from selfspec.models.loading import load_model
-from selfspec.models.skip import num_layers
+from selfspec.models.layouts import num_layers
 from selfspec.models.skip_config import resolve_skip
 from selfspec.settings import from_config
 

@@ -1,6 +1,7 @@
 import sys
 from pathlib import Path
 
+import huggingface_hub
 import pytest
 import torch
 
@@ -11,6 +12,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).parent))  # test helpers (helpers, wandb_history)
 sys.path.insert(0, str(ROOT / "experiments"))  # experiment scripts (sample_records, random_skip_sets)
 torch.set_num_threads(2)
+
+
+@pytest.fixture(autouse=True)
+def offline_hub(monkeypatch):
+    """No test asks the Hugging Face hub: HF_HUB_OFFLINE for this process and the run.py processes it starts (a test
+    of the download path turns it off and stands in for the hub)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
 
 
 @pytest.fixture(scope="module")

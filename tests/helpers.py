@@ -4,11 +4,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import gguf
+import numpy as np
 import torch
 from hydra import compose, initialize_config_dir
 from scipy.stats import chisquare
 
 from selfspec.decoding.sampling import logits_processor, scores
+from selfspec.models.tiny import byte_tokenizer
 from selfspec.models.cache import forward, new_cache
 from selfspec.records.prompt_records import PromptRecord, RecordedStep
 from selfspec.settings import ModelSettings, RunSettings, from_config, typed
@@ -135,3 +138,43 @@ FIGURES = {
     "strategies": ["strategies_speedup", "strategies_accepted"],
     "sampling": ["sampling"],
 }
+
+
+def write_gguf(path: Path, architecture: str = "llama", layers: int = 2, hidden: int = 32) -> Path:
+    """A tiny random float32 GGUF file of `architecture` as llama.cpp lays one out (config fields, the byte tokenizer
+    as a GPT-2 style vocabulary, and for llama its tensors), which transformers reads back offline."""
+    tokens = byte_tokenizer().convert_ids_to_tokens(list(range(259)))
+    writer = gguf.GGUFWriter(str(path), architecture)
+    writer.add_name("tiny")
+    writer.add_context_length(256)
+    writer.add_embedding_length(hidden)
+    writer.add_block_count(layers)
+    writer.add_feed_forward_length(2 * hidden)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_rope_dimension_count(hidden // 4)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_vocab_size(len(tokens))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3, 3, 3] + [1] * 256)  # control tokens, then normal ones
+    writer.add_token_scores([0.0] * len(tokens))
+    writer.add_token_merges([])
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_pad_token_id(0)
+    rng = np.random.default_rng(0)
+    shapes = {"token_embd.weight": (259, hidden), "output_norm.weight": (hidden,), "output.weight": (259, hidden)}
+    for i in range(layers):
+        shapes |= {f"blk.{i}.attn_norm.weight": (hidden,), f"blk.{i}.ffn_norm.weight": (hidden,),
+                   f"blk.{i}.attn_q.weight": (hidden, hidden), f"blk.{i}.attn_k.weight": (hidden // 2, hidden),
+                   f"blk.{i}.attn_v.weight": (hidden // 2, hidden), f"blk.{i}.attn_output.weight": (hidden, hidden),
+                   f"blk.{i}.ffn_gate.weight": (2 * hidden, hidden), f"blk.{i}.ffn_up.weight": (2 * hidden, hidden),
+                   f"blk.{i}.ffn_down.weight": (hidden, 2 * hidden)}
+    for name, shape in shapes.items():
+        writer.add_tensor(name, (rng.standard_normal(shape) * 0.2).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path

@@ -15,7 +15,7 @@ from selfspec.errors import SelfspecError
 from selfspec.evaluation.evaluate import measure_peak_memory
 from selfspec.models.loading import load_model
 from selfspec.models.packed_linear import PackedLinear, pack_linears
-from selfspec.models.skip import decoder_layers
+from selfspec.models.layouts import decoder_layers
 from selfspec.models.tiny import tiny_model
 from selfspec.settings import default_settings, make_skip_set
 

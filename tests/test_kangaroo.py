@@ -13,7 +13,7 @@ from selfspec.errors import SelfspecError
 from selfspec.models.cache import RewindableCache
 from selfspec.models.kangaroo_adapter import check_exit_layer, load_adapter, new_adapter, save_adapter
 from selfspec.models.output_layer import model_logits
-from selfspec.models.skip import decoder_layers
+from selfspec.models.layouts import decoder_layers
 from selfspec.models.tiny import tiny_model
 from selfspec.settings import default_settings
 

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from selfspec.errors import SelfspecError
-from selfspec.models import loading
+from selfspec.models import checkpoints
 from selfspec.models.loading import load_model
 from selfspec.models.tiny import byte_tokenizer, tiny_model
 
@@ -38,7 +38,7 @@ def test_hub_source_loads_a_local_directory_in_the_requested_dtype(tmp_path):
 @pytest.mark.parametrize("overrides, named", [
     (dict(source="pytorch_hub"), "'pytorch_hub'"),
     (dict(dtype="fp32"), "'fp32'"),
-    (dict(family="gpt2"), "'gpt2'"),
+    (dict(family="gptj"), "'gptj'"),
     (dict(device="tpu:x"), "'tpu:x'"),
     (dict(source="hub", path="meta-llama/Llama-2-7b-chat-hf"), "'meta-llama/Llama-2-7b-chat-hf'"),
     (dict(source="hub", path="/no/such/dir"), "'/no/such/dir'"),
@@ -99,7 +99,7 @@ def test_smollm2_loads_from_cache_quickly(smollm2, capsys):
 
 @pytest.mark.slow  # dequantises the GGUF again (~20 s)
 def test_smollm2_cache_gives_the_gguf_models_logits_and_tokens(smollm2):
-    folder, gguf_file = loading._gguf_location("smollm2", staging=None)
+    folder, gguf_file = checkpoints._gguf_location("smollm2", staging=None)
     gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file).eval()
     gguf_tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
     prompt = smollm2.tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours."}],

@@ -11,7 +11,7 @@ from selfspec.decoding.strategies import make_strategy
 from selfspec.models.kangaroo_adapter import new_adapter
 from selfspec.models.loading import load_model
 from selfspec.models.packed_linear import PackedLinear, pack_linears
-from selfspec.models.skip import decoder_layers
+from selfspec.models.layouts import decoder_layers
 from selfspec.models.tiny import tiny_model
 from selfspec.settings import SkipSet, default_settings
 

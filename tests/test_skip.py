@@ -3,7 +3,8 @@ import torch
 
 from selfspec.errors import SelfspecError
 from selfspec.models.cache import forward, new_cache
-from selfspec.models.skip import SkippedLayer, decoder_layers, skipping
+from selfspec.models.layouts import decoder_layers
+from selfspec.models.skip import SkippedLayer, skipping
 from selfspec.settings import make_skip_set
 
 

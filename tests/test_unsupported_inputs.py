@@ -1,10 +1,11 @@
-"""Models of another layout and batches of prompts end in one line naming what is supported, not a traceback."""
+"""Models of an unregistered architecture and batches of prompts end in one line naming what is supported, not a
+traceback."""
 
 from dataclasses import replace
 
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, OPTConfig, OPTForCausalLM
+from transformers import BloomConfig, BloomForCausalLM, GPTJConfig, GPTJForCausalLM
 
 from selfspec.api.decoder import DEFAULT_DRAFT, DEFAULT_SAMPLING
 from selfspec.decoding.speculative import generate
@@ -17,24 +18,26 @@ from selfspec.settings import ModelSettings, SkipSet
 
 GREEDY = replace(DEFAULT_SAMPLING, max_new_tokens=8)
 DRAFT = replace(DEFAULT_DRAFT, policy="fixed", max_tokens=4, ngram_tokens=4)
-SUPPORTED = "supported: Llama, Gemma-2, Gemma-3 (text)"
+SUPPORTED = "supported: Llama (llama), Mistral (mistral), "
+HOW_TO_ADD = "to add one, give LAYOUTS in selfspec/models/layouts.py"
 
 
-def gpt2():  # transformer.h[i].attn / .mlp: no model.model at all
-    return GPT2LMHeadModel(GPT2Config(vocab_size=259, n_embd=16, n_layer=2, n_head=2, n_positions=64)).eval()
+def gptj():  # transformer.h[i].attn / .mlp, parallel residual: a layout like GPT-2's, but not registered
+    return GPTJForCausalLM(GPTJConfig(vocab_size=259, n_embd=16, n_layer=2, n_head=2, n_positions=64,
+                                      rotary_dim=4)).eval()
 
 
-def opt():  # model.decoder.layers[i].self_attn / .fc1: a model.model without layers
-    return OPTForCausalLM(OPTConfig(vocab_size=259, hidden_size=16, num_hidden_layers=2, ffn_dim=32,
-                                    num_attention_heads=2, max_position_embeddings=64, word_embed_proj_dim=16)).eval()
+def bloom():  # transformer.h[i].self_attention / .mlp with ALiBi positions
+    return BloomForCausalLM(BloomConfig(vocab_size=259, hidden_size=16, n_layer=2, n_head=2)).eval()
 
 
 def one_line_naming_the_supported_families(error: pytest.ExceptionInfo, model_class: str) -> None:
     message = str(error.value)
     assert len(message.splitlines()) == 1 and SUPPORTED in message and model_class in message
+    assert HOW_TO_ADD in message and "OPT (opt)" in message
 
 
-@pytest.mark.parametrize("build", [gpt2, opt])
+@pytest.mark.parametrize("build", [gptj, bloom])
 def test_a_model_of_another_layout_is_refused_by_every_entry_point_in_one_line(build):
     model = build()
     name = type(model).__name__
@@ -52,12 +55,12 @@ def test_a_model_of_another_layout_is_refused_by_every_entry_point_in_one_line(b
 
 
 def test_a_checkpoint_of_another_layout_is_refused_at_load(tmp_path):
-    gpt2().save_pretrained(tmp_path)
+    gptj().save_pretrained(tmp_path)
     byte_tokenizer().save_pretrained(tmp_path)
     with pytest.raises(SelfspecError) as err:
         load_model(ModelSettings(name="m", source="hub", path=str(tmp_path), dtype="float32", device="cpu",
                                   packed_linears=True))
-    one_line_naming_the_supported_families(err, "GPT2LMHeadModel")
+    one_line_naming_the_supported_families(err, "model_type 'gptj'")
 
 
 @pytest.mark.parametrize("name", ["plain", "self_spec", "hf_generate"])

@@ -23,7 +23,7 @@ from selfspec.errors import SelfspecError
 from selfspec.models.devices import output_device
 from selfspec.models.draft_head import DraftHead, make_draft_head
 from selfspec.models.loading import model_end_ids
-from selfspec.models.skip import num_layers
+from selfspec.models.layouts import num_layers
 from selfspec.models.skip_config import resolve_skip
 from selfspec.settings import (DraftSettings, KangarooSettings, SamplingSettings, SkipSet, SkipSettings,
                                default_settings, named)

@@ -20,7 +20,8 @@ from selfspec.models.cache import forward, forward_hidden, new_cache
 from selfspec.models.devices import execution_device, output_device
 from selfspec.models.draft_head import DraftHead
 from selfspec.models.output_layer import model_logits
-from selfspec.models.skip import decoder_layers, skipping
+from selfspec.models.layouts import decoder_layers, sublayer_modules
+from selfspec.models.skip import skipping
 from selfspec.settings import SkipSet
 from selfspec.timing import clock
 
@@ -193,16 +194,17 @@ def measure_step_costs(model, max_q: int, heads: dict[int, DraftHead] | None = N
 
 
 def sublayer_ms(model, step) -> tuple[list[float], list[float]]:
-    """Median milliseconds each layer's attention and MLP take inside `step()` (timed by forward hooks)."""
-    modules = [(kind, i, getattr(layer, kind), execution_device(layer)) for i, layer in enumerate(decoder_layers(model))
-               for kind in ("self_attn", "mlp")]
-    times = {(kind, i): [] for kind, i, _, _ in modules}
+    """Median milliseconds each layer's attention and MLP take inside `step()` (timed by forward hooks: from the
+    sublayer's first module's start to its last one's end)."""
+    sublayers = [(kind, i, sublayer_modules(model, layer, kind), execution_device(layer))
+                 for i, layer in enumerate(decoder_layers(model)) for kind in ("attn", "mlp")]
+    times = {(kind, i): [] for kind, i, _, _ in sublayers}
     started = {}
     handles = []
-    for kind, i, module, device in modules:  # each layer's clock waits for its own device
-        handles.append(module.register_forward_pre_hook(
+    for kind, i, modules, device in sublayers:  # each layer's clock waits for its own device
+        handles.append(modules[0].register_forward_pre_hook(
             lambda m, args, key=(kind, i), device=device: started.__setitem__(key, clock(device))))
-        handles.append(module.register_forward_hook(
+        handles.append(modules[-1].register_forward_hook(
             lambda m, args, out, key=(kind, i), device=device: times[key].append(clock(device) - started[key])))
     try:
         for _ in range(REPEATS + 1):
@@ -212,4 +214,4 @@ def sublayer_ms(model, step) -> tuple[list[float], list[float]]:
             handle.remove()
     median = {key: 1000 * statistics.median(values[1:]) for key, values in times.items()}
     layers = len(decoder_layers(model))
-    return [median[("self_attn", i)] for i in range(layers)], [median[("mlp", i)] for i in range(layers)]
+    return [median[("attn", i)] for i in range(layers)], [median[("mlp", i)] for i in range(layers)]

@@ -23,7 +23,7 @@ from selfspec.decoding.results import GenerationResult, StepRecord
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import input_device
 from selfspec.models.packed_linear import unpacked_copy
-from selfspec.models.skip import num_layers
+from selfspec.models.layouts import num_layers, require_hf_assisted
 from selfspec.settings import SamplingSettings, default_settings
 from selfspec.timing import clock
 
@@ -111,6 +111,8 @@ def make_hf_strategy(name: str, model, settings: SamplingSettings, end_ids: tupl
         return HFStrategy(name, unpacked_copy(model), settings, end_ids, **common)
     if name == "hf_prompt_lookup":
         return HFStrategy(name, model, settings, end_ids, prompt_lookup_tokens=PROMPT_LOOKUP_TOKENS, **common)
+    if name in ("hf_early_exit", "hf_assistant"):
+        require_hf_assisted(model, name)
     if name == "hf_early_exit":
         layers = num_layers(model)
         layer = early_exit_layer if early_exit_layer is not None else max(1, 3 * layers // 4)

@@ -17,7 +17,7 @@ from selfspec.decoding.tree import forward_tree, tree_paths, tree_scores, verify
 from selfspec.errors import SelfspecError
 from selfspec.models.cache import forward, new_cache
 from selfspec.models.devices import output_device
-from selfspec.models.skip import decoder_layers
+from selfspec.models.layouts import decoder_layers
 from selfspec.settings import SamplingSettings
 from selfspec.timing import clock
 

@@ -21,7 +21,7 @@ from selfspec.decoding.results import GenerationResult, StepRecord
 from selfspec.decoding.speculative import decode_steps, generate
 from selfspec.errors import SelfspecError
 from selfspec.models.draft_head import DraftHead
-from selfspec.models.skip import decoder_layers
+from selfspec.models.layouts import decoder_layers
 from selfspec.settings import DraftSettings, HFSettings, KangarooSettings, SamplingSettings, SkipSet
 
 PLAIN = StrategySpec("plain", "the full model alone, one token per forward: the output every strategy must equal",

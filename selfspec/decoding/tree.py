@@ -16,6 +16,7 @@ from selfspec.decoding.drafters import Draft
 from selfspec.decoding.sampling import accept_probability, residual, sample
 from selfspec.models.cache import RewindableCache, first_visible
 from selfspec.models.devices import input_device
+from selfspec.models.layouts import base_model
 from selfspec.models.output_layer import model_logits
 
 
@@ -82,7 +83,7 @@ def forward_tree(model, cache: RewindableCache, root: int, draft: Draft, start: 
     cache.rewind(start)
     device = input_device(model)
     depths = torch.tensor([len(path) for path in tree_paths(draft.parents)], device=device)  # (n+1,)
-    hidden = model.model(input_ids=torch.tensor([ids], device=device), position_ids=(start + depths)[None],
+    hidden = base_model(model)(input_ids=torch.tensor([ids], device=device), position_ids=(start + depths)[None],
                          attention_mask=model_attention_masks(model, draft.parents, start),
                          past_key_values=cache, use_cache=True).last_hidden_state[0]  # (n+1, hidden)
     return model_logits(model, hidden)

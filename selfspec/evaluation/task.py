@@ -15,7 +15,7 @@ from selfspec.evaluation.spec_bench import write_answers
 from selfspec.evaluation.summarize import summary_title, write_summary
 from selfspec.models.draft_head import DraftHead, make_draft_head
 from selfspec.models.loading import LoadedModel, load_model
-from selfspec.models.skip import num_layers
+from selfspec.models.layouts import describe, num_layers
 from selfspec.models.skip_config import resolve_skip
 from selfspec.records.prompt_records import WrittenRecord, read_records
 from selfspec.records.run_dir import RECORDS_FILE, SETTINGS_FILE, open_run_dir
@@ -54,6 +54,7 @@ def run(settings: RunSettings, out_dir: Path) -> dict:
         with named("skip"):
             skip, _ = resolve_skip(settings.skip, layers)
         vocab_size = settings.draft.vocab_size
+    print(f"model: {describe(loaded.model)}")
     print(f"skip set ({skip.fraction(layers):.0%} of {2 * layers} sublayers): attn={list(skip.attn)} mlp={list(skip.mlp)}")
     heads = DraftHeads(loaded)
     searched = searched_draft(settings, layers, heads) if "self_spec_searched" in settings.strategies else None

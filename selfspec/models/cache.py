@@ -15,6 +15,7 @@ from transformers import Cache, DynamicLayer
 from transformers.cache_utils import get_layer_types_and_kwargs
 
 from selfspec.models.devices import input_device
+from selfspec.models.layouts import base_model
 from selfspec.models.output_layer import model_logits
 
 
@@ -131,13 +132,13 @@ def _inputs(model, cache: RewindableCache, input_ids: list[int], start: int) -> 
 @torch.inference_mode()
 def forward_hidden(model, cache: RewindableCache, input_ids: list[int], start: int) -> torch.Tensor:
     """Like `forward` without the output layer: the final (normed) hidden state of the last position (hidden,)."""
-    return model.model(**_inputs(model, cache, input_ids, start)).last_hidden_state[0, -1]
+    return base_model(model)(**_inputs(model, cache, input_ids, start)).last_hidden_state[0, -1]
 
 
 @torch.inference_mode()
 def forward(model, cache: RewindableCache, input_ids: list[int], start: int, last_only: bool = False) -> torch.Tensor:
     """Run `input_ids` at positions start.. over the cache; return logits (len(input_ids) or 1, vocab) in fp32."""
-    hidden = model.model(**_inputs(model, cache, input_ids, start)).last_hidden_state[0]  # (q, hidden)
+    hidden = base_model(model)(**_inputs(model, cache, input_ids, start)).last_hidden_state[0]  # (q, hidden)
     if last_only:
         hidden = hidden[-1:]
     return model_logits(model, hidden)

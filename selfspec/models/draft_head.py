@@ -13,7 +13,7 @@ import torch
 
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import loaded_weights
-from selfspec.models.output_layer import final_softcap, output_logits
+from selfspec.models.output_layer import LogitsFinish, logits_finish, output_logits
 
 
 @dataclass
@@ -21,12 +21,12 @@ class DraftHead:
     token_ids: torch.Tensor  # (n,) long, sorted
     weight: torch.Tensor  # (n, hidden): those rows of the output layer
     vocab_size: int
-    softcap: float | None = None
+    finish: LogitsFinish = LogitsFinish()  # the model head's soft-capping or scaling
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(hidden,) final hidden state -> (vocab,) logits, -inf outside the draft vocabulary."""
         full = torch.full((self.vocab_size,), float("-inf"), device=self.weight.device)  # fp32, as model_logits
-        full[self.token_ids] = output_logits(self.weight, hidden[None].to(self.weight.device), self.softcap)[0]
+        full[self.token_ids] = output_logits(self.weight, hidden[None].to(self.weight.device), self.finish)[0]
         return full
 
 
@@ -54,4 +54,4 @@ def make_draft_head(model, tokenizer, size: int, texts: list[str]) -> DraftHead:
     with loaded_weights(model.get_output_embeddings()) as head:
         weight = head.weight  # (vocab, hidden)
         ids = draft_vocabulary(tokenizer, size, weight.shape[0], texts).to(weight.device)
-        return DraftHead(ids, weight.detach()[ids], weight.shape[0], final_softcap(model))
+        return DraftHead(ids, weight.detach()[ids], weight.shape[0], logits_finish(model))

@@ -15,8 +15,8 @@ from torch import nn
 
 from selfspec.models.cache import RewindableCache
 from selfspec.models.devices import execution_device
+from selfspec.models.layouts import final_norm, num_layers
 from selfspec.models.packed_linear import pack_module
-from selfspec.models.skip import num_layers
 from selfspec.models.trained_parts import SHIPPED, one_layer_model, read_part, save_part, shipped_path
 
 KIND = "feature"
@@ -43,8 +43,8 @@ def new_feature_head(model) -> FeatureHead:
     """An untrained head for `model`, its layer a copy of the model's last one, in the model's dtype on the device
     of the model's last layer (whose output it reads)."""
     last = num_layers(model) - 1
-    head = FeatureHead(one_layer_model(model, last), model.config.get_text_config().hidden_size)
-    return head.to(device=execution_device(model.model.norm), dtype=model.dtype)
+    head = FeatureHead(one_layer_model(model, last, "a feature head"), model.config.get_text_config().hidden_size)
+    return head.to(device=execution_device(final_norm(model)), dtype=model.dtype)
 
 
 def save_feature_head(path, head: FeatureHead, model, **info) -> None:

@@ -13,7 +13,7 @@ from torch import nn
 
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import execution_device
-from selfspec.models.skip import decoder_layers, num_layers
+from selfspec.models.layouts import decoder_layers, num_layers
 from selfspec.models.trained_parts import one_layer_model, read_part, save_part
 
 KIND = "kangaroo"
@@ -32,7 +32,7 @@ def check_exit_layer(exit_layer: int | None, layers: int) -> int:
 def new_adapter(model, exit_layer: int) -> nn.Module:
     """A one-layer base model of the target's family, initialised from the target's layer `exit_layer` and final
     norm, in the target's dtype, on the device its input comes from."""
-    adapter = one_layer_model(model, exit_layer)
+    adapter = one_layer_model(model, exit_layer, "a Kangaroo adapter")
     return adapter.to(device=adapter_device(model, exit_layer), dtype=model.dtype).eval()
 
 

@@ -6,12 +6,28 @@ for 2-8 rows, and MKL's one-row GEMV is slower than its two-row GEMM (Gemma-3-27
 and a single row is computed twice. Same math as the model's head; the summation order may differ.
 """
 
+from dataclasses import dataclass
+
 import torch
 
 from selfspec.models.devices import loaded_weights
 
 
-def output_logits(weight: torch.Tensor, hidden: torch.Tensor, softcap: float | None = None) -> torch.Tensor:
+@dataclass(frozen=True)
+class LogitsFinish:
+    """What a model's HF head does to its logits after the product: Gemma-2/3's soft-capping, Granite's division."""
+    softcap: float | None = None  # final_logit_softcapping
+    divisor: float | None = None  # logits_scaling
+
+    def __call__(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        if self.divisor is not None and self.divisor != 1:
+            logits = logits / self.divisor
+        return logits
+
+
+def output_logits(weight: torch.Tensor, hidden: torch.Tensor, finish: LogitsFinish = LogitsFinish()) -> torch.Tensor:
     """(rows, hidden) final normed hidden states, (vocab, hidden) weight -> (rows, vocab) fp32 logits.
     The product runs in the weight's dtype (bfloat16 stays bfloat16); only the result is upcast, for softmax and
     sampling in float32."""
@@ -19,17 +35,16 @@ def output_logits(weight: torch.Tensor, hidden: torch.Tensor, softcap: float | N
     if rows == 1:
         hidden = hidden.repeat(2, 1)  # a real copy: a stride-0 expand takes a slow path (66 ms, not 16)
     logits = (weight @ hidden.T).T[:rows]  # (rows, vocab)
-    if softcap:  # Gemma-2's final logit soft-capping, as in its HF head
-        logits = torch.tanh(logits / softcap) * softcap
-    return logits.float()
+    return finish(logits).float()
 
 
-def final_softcap(model) -> float | None:
-    return getattr(model.config.get_text_config(), "final_logit_softcapping", None)
+def logits_finish(model) -> LogitsFinish:
+    config = model.config.get_text_config()
+    return LogitsFinish(getattr(config, "final_logit_softcapping", None), getattr(config, "logits_scaling", None))
 
 
 def model_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     """The model's own output layer: (rows, hidden) final normed hidden states -> (rows, vocab) fp32 logits, on the
     output layer's device (with a device map it may sit on another device than the last layer, or be offloaded)."""
     with loaded_weights(model.get_output_embeddings()) as head:
-        return output_logits(head.weight, hidden.to(head.weight.device), final_softcap(model))
+        return output_logits(head.weight, hidden.to(head.weight.device), logits_finish(model))

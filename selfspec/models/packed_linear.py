@@ -20,7 +20,7 @@ import copy
 import torch
 from torch import nn
 
-from selfspec.models.skip import decoder_layers
+from selfspec.models.layouts import decoder_layers
 
 ROWS_HINT = 4  # the row count oneDNN blocks the weight for: 2, 4 and 8 measured alike here, 1 slowed every q > 1
 

@@ -19,25 +19,26 @@ from transformers import AutoModel
 
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import loaded_weights
-from selfspec.models.skip import decoder_layers, num_layers
+from selfspec.models.layouts import decoder_layers, final_norm, layout_of, num_layers, require_trained_parts
 
 SHIPPED_DIR = Path(__file__).parent / "heads"
 SHIPPED = "shipped"  # the setting value that picks the shipped head of the loaded model
 
 
-def one_layer_model(model, layer: int) -> torch.nn.Module:
+def one_layer_model(model, layer: int, what: str) -> torch.nn.Module:
     """A one-layer base model of the target's family, a copy of the target's layer `layer` (its attention kind and
     rope included) and final norm, in float32 on the CPU (the caller moves it). It has no embedding: it is only ever
-    fed `inputs_embeds`."""
+    fed `inputs_embeds`. `what` names the part in the one-line refusal of a layout that cannot give one."""
+    require_trained_parts(model, what)
     config = copy.deepcopy(model.config.get_text_config())
     config.num_hidden_layers, config.vocab_size, config.pad_token_id = 1, 1, None
-    if getattr(config, "layer_types", None):  # Gemma: keep the copied layer's sliding/global attention and rope
-        config.layer_types = [config.layer_types[layer]]
+    layout_of(model).as_layer(config, layer)  # e.g. Gemma's sliding or global attention, Qwen3-MoE's sparse MLP
     body = AutoModel.from_config(config)
-    body.embed_tokens = None  # (a one-row vocabulary above keeps the model from allocating a real one)
-    with loaded_weights(decoder_layers(model)[layer]) as source, loaded_weights(model.model.norm) as norm:
-        body.layers[0].load_state_dict(source.state_dict())
-        body.norm.load_state_dict(norm.state_dict())
+    embedding = next(name for name, child in body.named_children() if child is body.get_input_embeddings())
+    setattr(body, embedding, None)  # (a one-row vocabulary above keeps the model from allocating a real one)
+    with loaded_weights(decoder_layers(model)[layer]) as source, loaded_weights(final_norm(model)) as norm:
+        decoder_layers(body)[0].load_state_dict(source.state_dict())
+        final_norm(body).load_state_dict(norm.state_dict())
     return body
 
 

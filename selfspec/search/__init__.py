@@ -31,7 +31,7 @@ from optuna.trial import FrozenTrial
 from selfspec.data.prompt_sets import Prompt, encode_prompt, load_prompt_set
 from selfspec.errors import SelfspecError
 from selfspec.models.loading import LoadedModel
-from selfspec.models.skip import num_layers
+from selfspec.models.layouts import num_layers
 from selfspec.models.skip_config import resolve_skip, write_skip_file
 from selfspec.search.objective import TrialObjective, choose_best
 from selfspec.search.space import Candidate, SearchSpace, make_candidate, search_space, seed_candidates

@@ -9,8 +9,10 @@ from selfspec.errors import SelfspecError
 from selfspec.settings.decoding import SkipSettings
 from selfspec.settings.typed import at_least, in_unit, one_of
 
-MODEL_SOURCES = ("smollm2", "gemma3_270m", "hub", "tiny")
-TINY_FAMILIES = ("llama", "gemma2")
+MODEL_SOURCES = ("smollm2", "gemma3_270m", "hub", "gguf", "tiny")  # hub: a checkpoint folder or a hub id; gguf: a file
+# models/tiny.py's: one per architecture of the layout registry (models/layouts.py), llama3 with Llama-3's RoPE scaling
+TINY_FAMILIES = ("llama", "gemma2", "gemma3", "llama3", "mistral", "mixtral", "qwen2", "qwen3", "qwen3_moe", "gemma",
+                 "phi3", "olmo2", "granite", "gpt2", "gpt_neox", "falcon", "opt")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 DEVICE_MAP_PLANS = ("auto", "balanced", "balanced_low_0", "sequential")  # accelerate splits the model by memory
 OBJECTIVES = ("tokens_per_s", "acceptance", "pareto", "cost_model")
@@ -61,7 +63,7 @@ class ModelSettings:
     device_map: Any = None  # auto | balanced | balanced_low_0 | sequential | a device | {module: device or disk}
     offload_folder: Optional[str] = None  # where a device map's "disk" modules are kept
     packed_linears: bool  # decoder linears through oneDNN, weights packed once (float32 on the CPU only)
-    family: Optional[str] = None  # tiny models: llama | gemma2, and their shape
+    family: Optional[str] = None  # tiny models: one of TINY_FAMILIES, and their shape
     num_layers: Optional[int] = None
     hidden_size: Optional[int] = None
     sliding_window: Optional[int] = None
@@ -76,7 +78,7 @@ class ModelSettings:
         one_of("source", self.source, MODEL_SOURCES)
         one_of("dtype", self.dtype, DTYPES)
         check_device_map(self.device_map)
-        if self.source in ("smollm2", "gemma3_270m") and not self.cache_dir:
+        if self.source in ("smollm2", "gemma3_270m", "gguf") and not self.cache_dir:
             raise SelfspecError(f"cache_dir={self.cache_dir!r}: source {self.source} needs a folder for its converted "
                                 f"weights")
         if self.source == "tiny":

@@ -20,6 +20,7 @@ from selfspec.data.prompt_sets import Prompt, encode_prompt, load_prompts, split
 from selfspec.decoding.drafters.base import cut_at_end
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import input_device
+from selfspec.models.layouts import base_model
 from selfspec.models.loading import LoadedModel
 from selfspec.models.trained_parts import save_atomic
 from selfspec.settings import TrainSettings
@@ -114,6 +115,6 @@ def sequence_states(model, sequences: list[list[int]], exit_layer: int | None, d
 
 def forward_states(model, ids: torch.Tensor, exit_layer: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(final (L, hidden), state after exit_layer layers (L, hidden) or None) of one sequence ids (1, L)."""
-    out = model.model(ids, output_hidden_states=exit_layer is not None)
+    out = base_model(model)(ids, output_hidden_states=exit_layer is not None)
     shallow = out.hidden_states[exit_layer][0] if exit_layer is not None else None
     return out.last_hidden_state[0], shallow

@@ -34,8 +34,8 @@ from selfspec.models.draft_head import make_draft_head
 from selfspec.models.feature_head import FeatureHead, new_feature_head, save_feature_head
 from selfspec.models.kangaroo_adapter import check_exit_layer, new_adapter, save_adapter
 from selfspec.models.loading import load_model
-from selfspec.models.output_layer import final_softcap, output_logits
-from selfspec.models.skip import num_layers
+from selfspec.models.output_layer import logits_finish, output_logits
+from selfspec.models.layouts import num_layers
 from selfspec.models.trained_parts import model_signature, save_atomic
 from selfspec.records.wandb_logger import log_files, start_run
 from selfspec.settings import RunSettings
@@ -162,9 +162,9 @@ def losses(part, model, batch, weight: torch.Tensor, weights, noise: float = 0.0
     predicted, targets, mask = batch_states(part, model, batch, noise, generator)
     keep = mask.bool()
     predicted, targets = predicted[keep], targets[keep]  # (N, hidden) each
-    student = torch.log_softmax(output_logits(weight, predicted, final_softcap(model)), dim=-1)  # (N, n)
+    student = torch.log_softmax(output_logits(weight, predicted, logits_finish(model)), dim=-1)  # (N, n)
     with torch.no_grad():
-        teacher = torch.softmax(output_logits(weight, targets, final_softcap(model)), dim=-1)  # (N, n)
+        teacher = torch.softmax(output_logits(weight, targets, logits_finish(model)), dim=-1)  # (N, n)
     loss = weights.soft_ce_weight * -(teacher * student).sum(-1).mean()
     if weights.feature_weight:
         loss = loss + weights.feature_weight * F.smooth_l1_loss(predicted.float(), targets.float())

@@ -20,8 +20,8 @@ from selfspec.models.cache import RewindableCache
 from selfspec.models.devices import execution_device, input_device, output_device
 from selfspec.models.draft_head import DraftHead
 from selfspec.models.feature_head import FeatureHead
+from selfspec.models.layouts import base_model, num_layers
 from selfspec.models.output_layer import model_logits
-from selfspec.models.skip import num_layers
 from selfspec.settings import SkipSet, make_skip_set
 
 
@@ -38,7 +38,7 @@ class HeadFeatures:
         self.cache, self.tokens = cache, []
         self.head_cache = RewindableCache(1, cache.max_len)
         self.seen = 0  # head positions 0..seen-1 ran on verified features and kept tokens
-        self.hook = self.model.model.register_forward_hook(self._keep, with_kwargs=True)
+        self.hook = base_model(self.model).register_forward_hook(self._keep, with_kwargs=True)
 
     def stop(self) -> None:
         """Remove the hook and let go of the generation's cache (the hook does this itself once a forward over

@@ -20,7 +20,8 @@ from selfspec.decoding.registry import StrategyInputs, StrategySpec
 from selfspec.models.cache import RewindableCache, forward_hidden
 from selfspec.models.kangaroo_adapter import load_adapter
 from selfspec.models.output_layer import model_logits
-from selfspec.models.skip import decoder_layers, num_layers, skipping
+from selfspec.models.layouts import decoder_layers, layout_of, num_layers
+from selfspec.models.skip import skipping
 from selfspec.settings import make_skip_set
 
 
@@ -54,9 +55,12 @@ class KangarooDrafter(ExitPolicyDrafter):
 
     def _keep_shallow(self, layer, args, kwargs, output) -> None:
         """Copy layer exit_layer - 1's output (1, q, hidden) into self.shallow at its positions."""
-        if kwargs.get("past_key_values") is not self.cache:  # our generation has ended: another one runs
+        layout = layout_of(self.model)
+        if kwargs.get(layout.cache_kwarg) is not self.cache:  # our generation has ended: another one runs
             self.stop()
             return
+        if layout.layer_returns_tuple:
+            output = output[0]
         if self.shallow is None:
             self.shallow = output.new_zeros(self.cache.max_len, output.shape[-1])  # (max_len, hidden)
         start = int(kwargs["position_ids"][0, 0])
