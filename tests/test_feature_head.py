@@ -77,7 +77,8 @@ def test_head_sampling_matches_the_full_models_distribution():
         counts[key] = counts.get(key, 0) + 1
         drafted, accepted = drafted + result.drafted, accepted + result.accepted
     assert set(counts) <= set(exact)
-    assert 0.05 < accepted / drafted < 0.95
+    assert drafted > 0 and accepted / drafted < 0.95  # an untrained head's top-3 rarely meets the model's: the residual
+    # sampling after rejections carries the distribution here (test_every_strategy and the tree tests accept drafts)
     assert chi_square_pvalue(counts, exact) > 0.001
 
 
