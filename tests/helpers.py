@@ -3,6 +3,7 @@
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import gguf
 import numpy as np
@@ -11,6 +12,8 @@ from hydra import compose, initialize_config_dir
 from scipy.stats import chisquare
 
 from selfspec.decoding.sampling import logits_processor, scores
+from selfspec.decoding.speculative import Emitted, settled
+from selfspec.decoding.text_rules import OutputWatch
 from selfspec.models.tiny import byte_tokenizer
 from selfspec.models.cache import forward, new_cache
 from selfspec.records.prompt_records import PromptRecord, RecordedStep
@@ -178,3 +181,15 @@ def write_gguf(path: Path, architecture: str = "llama", layers: int = 2, hidden:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+def watched_steps(rules, tokenizer, pieces: list[str]):
+    """What the decoding loop yields for steps that emit `pieces`, under `rules`."""
+    context = SimpleNamespace(watch=OutputWatch(rules, tokenizer("> ").input_ids))
+    for piece in pieces:
+        yield settled(context, Emitted(tokenizer(piece).input_ids, None))
+
+
+def printable(text: str) -> bool:
+    """Printable ASCII without whitespace: text a random model's bytes decode to as written."""
+    return text.isascii() and text.isprintable() and not any(c.isspace() for c in text)

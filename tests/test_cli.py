@@ -30,7 +30,7 @@ def test_the_console_command_lists_the_config_groups_outside_the_checkout(tmp_pa
     result = run_command(tmp_path, "--help")
     assert result.returncode == 0, result.stderr[-2000:]
     assert "selfspec is powered by Hydra" in result.stdout
-    assert "model: gemma2, gemma3_270m, llama, smollm2, tiny_gemma2, tiny_llama" in result.stdout
+    assert "model: gemma2, gemma3_270m, gguf, hf, llama, smollm2, tiny_gemma2, tiny_llama" in result.stdout
 
 
 def test_the_console_command_runs_a_tiny_model_like_run_py(tmp_path):

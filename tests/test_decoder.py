@@ -13,10 +13,11 @@ from selfspec import DEFAULT_DRAFT, SelfSpeculativeDecoder
 from selfspec.api.decoder import DEFAULT_SAMPLING
 from selfspec.api.streaming import VERIFIED, stream_chunks
 from selfspec.data.prompt_sets import Prompt, encode_prompt
+from selfspec.decoding.text_rules import text_rules
 from selfspec.errors import SelfspecError
 from selfspec.models.tiny import tiny_model
 
-from helpers import run_settings
+from helpers import run_settings, watched_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 SKIP = {"attn": [3, 5], "mlp": [4]}
@@ -87,9 +88,9 @@ def test_a_stop_string_ends_the_reply_before_it(model, tokenizer, plain):
     assert "".join(streamed) == plain.text[:cut]
 
 
-def test_a_stop_string_split_across_steps_is_held_back_until_it_completes(tokenizer):
-    steps = (([tokenizer(c).input_ids[0]], None) for c in "xyabc")
-    chunks = list(stream_chunks(steps, tokenizer, end_ids=(2,), stop=["abc"]))
+def test_a_stop_string_split_across_steps_is_held_back_until_it_completes(model, tokenizer):
+    rules = text_rules(model, tokenizer, stop=["abc"])
+    chunks = list(stream_chunks(watched_steps(rules, tokenizer, list("xyabc")), tokenizer, (2,), rules))
     assert [c.text for c in chunks] == ["x", "y", "", "", ""] and chunks[-1].finish_reason == "stop"
 
 

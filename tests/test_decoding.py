@@ -100,9 +100,9 @@ def test_cache_holds_exactly_the_kept_tokens_after_every_step(tiny, prompt):
     context = GenerationContext(cache, settings)
     drafter = SelfDrafter(tiny, make_skip_set([1, 3], [2], 6), DraftExit(5))
     drafter.begin(context)
-    tokens = prompt + [prefill(tiny, context, prompt)[0]]
+    tokens = prompt + prefill(tiny, context, prompt)[0].tokens
     while len(tokens) - len(prompt) < 40:
-        new, step = speculative_step(tiny, context, tokens, 40 - (len(tokens) - len(prompt)), drafter)
+        new = speculative_step(tiny, context, tokens, 40 - (len(tokens) - len(prompt)), drafter).tokens
         tokens += new
         assert_cache_holds(tiny, cache, tokens[:-1])  # the last token is fed by the next step
 

@@ -1,6 +1,7 @@
 """Losslessness of every registered strategy: greedy decoding equals plain decoding token for token, on the tiny Llama
 and Gemma-2. The strategies come from the registry, so a new one is checked here without touching this file; the
-HF generate baselines are HF's own decoding (tests/test_hf_baselines.py). The strategies that take a feature head
+HF generate baselines are HF's own decoding (tests/test_hf_baselines.py). With banned words on, every strategy rolls
+back where plain decoding does. The strategies that take a feature head
 (draft.head) draft with an untrained one here, and the hybrid and tree again with the layer-skip draft."""
 
 from dataclasses import replace
@@ -10,11 +11,14 @@ import pytest
 from selfspec.decoding.costs import DraftCosts
 from selfspec.decoding.speculative import generate
 from selfspec.decoding.strategies import REGISTRY, make_strategy
+from selfspec.decoding.text_rules import text_rules
 from selfspec.models.draft_head import make_draft_head
 from selfspec.models.feature_head import new_feature_head, save_feature_head
 from selfspec.models.kangaroo_adapter import new_adapter, save_adapter
 from selfspec.models.tiny import tiny_model
 from selfspec.settings import default_settings, make_skip_set
+
+from helpers import printable
 
 DEFAULTS = default_settings()  # the config run.py composes
 GREEDY = replace(DEFAULTS.sampling, max_new_tokens=24)
@@ -70,3 +74,26 @@ def test_layer_skip_hybrid_and_tree_match_plain(name, tiny, tokenizer, prompt, d
     assert type(strategy.drafter.fallback).__name__ in ("SelfDrafter", "SelfTreeDrafter")
     for ids in (prompt, *(tokenizer(text).input_ids for text in TEXTS)):
         assert strategy.generate(ids).new_tokens == generate(tiny, ids, GREEDY).new_tokens, tokenizer.decode(ids)
+
+
+@pytest.fixture
+def banned_rules(tiny, tokenizer, prompt):
+    """Banned words that plain decoding of the prompts produces (two characters each), and a stop string that no
+    output holds (its check runs on every draft)."""
+    words = []
+    for ids in (prompt, *(tokenizer(text).input_ids for text in TEXTS)):
+        text = tokenizer.decode(generate(tiny, ids, GREEDY).new_tokens)
+        words += [pair for pair in (text[i:i + 2] for i in range(len(text) - 1)) if printable(pair)][:2]
+    return text_rules(tiny, tokenizer, words, stop=["never in a random model's output"])
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("name", [spec.name for spec in REGISTRY.values() if not spec.hf_baseline])
+def test_every_strategy_matches_plain_under_banned_words(name, tiny, tokenizer, prompt, drafting_inputs, banned_rules):
+    strategy = make_strategy(name, tiny, GREEDY, (), **drafting_inputs, rules=banned_rules)
+    rollbacks = 0
+    for ids in (prompt, *(tokenizer(text).input_ids for text in TEXTS)):
+        plain = generate(tiny, ids, GREEDY, rules=banned_rules)
+        assert strategy.generate(ids).new_tokens == plain.new_tokens, tokenizer.decode(ids)
+        rollbacks += plain.rollbacks
+    assert rollbacks >= 3

@@ -70,3 +70,18 @@ def test_offline_wandb_run_logs_steps_prompts_and_summary(tmp_path):
     thresholds = [row["self_spec/step_threshold"] for row in rows if "self_spec/step_threshold" in row]
     records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
     assert thresholds == [s["threshold"] for r in records if r["strategy"] == "self_spec" for s in r["steps"]]
+
+
+def test_banned_words_and_stop_strings_hold_for_every_strategy_and_are_recorded(tmp_path):
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]  # a tiny random model's bytes hit some of them
+    result = run_py(*TINY_RUN, "model=tiny_llama", "model.dtype=float64", "logger=none", "data=chat",
+                    "strategies=[plain,self_spec,self_spec_tree]", f"constraints.banned_words=[{','.join(letters)}]",
+                    "sampling.stop=['0','1','2','3','4','5','6','7','8','9']", out_dir=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert all(row["outputs_match_plain"] == 1.0 for row in summary.values())
+    records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    assert sum(r["rollbacks"] for r in records if r["strategy"] == "plain") >= 1
+    for r in records:
+        assert not set(r["output_text"].lower()) & set(letters) and not any(c.isdigit() for c in r["output_text"])
+        assert r["finish_reason"] == "stop" if r["new_tokens"] < 24 else r["finish_reason"] in ("stop", "length")

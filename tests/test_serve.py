@@ -19,7 +19,7 @@ from openai import OpenAI
 from selfspec import SelfSpeculativeDecoder
 from selfspec.models.loading import load_model
 
-from helpers import run_settings
+from helpers import printable, run_settings
 
 pytestmark = pytest.mark.slow  # run.py server subprocesses
 
@@ -124,6 +124,47 @@ def test_plain_completions_models_and_health_answer(tiny_url, plain):
     assert health["status"] == "ok" and health["strategy"] == "self_spec_hybrid" and not health["running"]
 
 
+def banned_word(plain: SelfSpeculativeDecoder, content: str, max_tokens: int) -> str:
+    """A two-character word of plain greedy decoding's reply: one that the model does produce."""
+    text = plain.generate(chat(content), max_new_tokens=max_tokens).text
+    return next(text[i:i + 2] for i in range(len(text) - 1) if printable(text[i:i + 2]))
+
+
+def test_banned_words_roll_back_in_streams_and_whole_replies_as_in_plain_decoding(tiny_url, plain):
+    word = banned_word(plain, "Hello, server", 24)
+    expected = plain.generate(chat("Hello, server"), max_new_tokens=24, banned_words=[word])
+    body = {"model": "tiny_llama", "messages": chat("Hello, server"), "max_tokens": 24, "temperature": 0,
+            "banned_words": [word]}
+    with httpx.Client() as client:
+        events = stream_events(client, tiny_url, body)
+        whole = client.post(f"{tiny_url}/v1/chat/completions", json=body, timeout=600).json()
+    tokens = [t[0] for e in events if e["choices"] for t in e["selfspec"]["tokens"]]
+    assert tokens == expected.token_ids and expected.stats.rollbacks >= 1
+    assert sum(len(e["selfspec"]["rolled_back"]) for e in events if e["choices"]) >= len(word)
+    assert events[-1]["selfspec"]["stats"]["rollbacks"] == expected.stats.rollbacks
+    assert whole["choices"][0]["message"]["content"] == expected.text and word.lower() not in expected.text.lower()
+
+
+def test_logprobs_in_openais_shapes_are_plain_decodings(tiny_url, plain):
+    expected = plain.generate(chat("Hello, server"), max_new_tokens=12, logprobs=3)
+    client = OpenAI(base_url=f"{tiny_url}/v1", api_key="unused")
+    reply = client.chat.completions.create(model="tiny_llama", messages=chat("Hello, server"), max_tokens=12,
+                                           temperature=0, logprobs=True, top_logprobs=3)
+    content = reply.choices[0].logprobs.content
+    assert [c.logprob for c in content] == pytest.approx([lp.logprob for lp in expected.logprobs], abs=1e-5)
+    assert [len(c.top_logprobs) for c in content] == [3] * 12 and content[0].top_logprobs[0].logprob >= content[0].logprob
+    streamed = list(client.chat.completions.create(model="tiny_llama", messages=chat("Hello, server"), max_tokens=12,
+                                                   temperature=0, logprobs=True, stream=True))
+    logprobs = [c.logprob for e in streamed if e.choices and e.choices[0].logprobs for c in e.choices[0].logprobs.content]
+    assert logprobs == pytest.approx([lp.logprob for lp in expected.logprobs], abs=1e-5)
+    body = {"model": "tiny_llama", "prompt": "def f(x):", "max_tokens": 8, "temperature": 0, "logprobs": 2}
+    completion = httpx.post(f"{tiny_url}/v1/completions", json=body, timeout=600).json()["choices"][0]
+    reference = plain.generate("def f(x):", max_new_tokens=8, logprobs=2)
+    assert completion["logprobs"]["token_logprobs"] == pytest.approx([lp.logprob for lp in reference.logprobs], abs=1e-5)
+    assert all(1 <= len(top) <= 2 for top in completion["logprobs"]["top_logprobs"])  # keyed by text: bytes may share one
+    assert completion["logprobs"]["text_offset"][0] == 0 and "".join(completion["logprobs"]["tokens"]) == completion["text"]
+
+
 def test_sixteen_concurrent_streaming_clients_are_all_answered_correctly(tiny_url, plain):
     prompts = [f"client {i} asks" for i in range(16)]
 
@@ -160,6 +201,14 @@ BAD_REQUESTS = [  # (path, body, status, words in the message)
     ("/v1/chat/completions", {"model": "tiny_llama"}, 400, "messages: Field required"),
     ("/v1/chat/completions", {"model": "tiny_llama", "messages": chat("hi"), "strategy": "x"}, 400, "strategy='x'"),
     ("/v1/completions", {"model": "tiny_llama", "prompt": ""}, 400, "prompt"),
+    ("/v1/completions", {"model": "tiny_llama", "prompt": "hi", "banned_words": [" "]}, 400,
+     "banned_words[0]=' ' is not allowed"),
+    ("/v1/completions", {"model": "tiny_llama", "prompt": "hi", "banned_words": ["w"] * 10001}, 400, "banned_words"),
+    ("/v1/completions", {"model": "tiny_llama", "prompt": "hi", "logprobs": 21}, 400, "logprobs"),
+    ("/v1/chat/completions", {"model": "tiny_llama", "messages": chat("hi"), "logprobs": True, "top_logprobs": 21},
+     400, "top_logprobs"),
+    ("/v1/chat/completions", {"model": "tiny_llama", "messages": chat("hi"), "top_logprobs": 2}, 400,
+     "top_logprobs needs logprobs=true"),
     ("/v1/embeddings", {"model": "tiny_llama"}, 404, "Not Found"),
 ]
 
@@ -323,3 +372,27 @@ def test_smollm2_streamed_greedy_reply_equals_run_py_plain_greedy_output(tmp_pat
     assert [t[0] for t in tokens] == record["output_ids"]
     streamed = "".join(c["delta"].get("content", "") for e in events for c in e["choices"])
     assert streamed and record["output_text"].startswith(streamed)
+
+
+def test_the_page_strikes_through_the_tokens_a_banned_word_rolled_back(tiny_url, plain):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    prompt = "abab abab abab abab"
+    word = banned_word(plain, prompt, 32)
+    expected = plain.generate(chat(prompt), max_new_tokens=32, banned_words=[word])
+    with headless_chromium() as driver:
+        driver.get(f"{tiny_url}/")
+        WebDriverWait(driver, 60).until(lambda d: "strategy" in d.find_element(By.ID, "served").text)
+        for element_id, value in (("prompt", prompt), ("max_tokens", "32"), ("banned", word)):
+            field = driver.find_element(By.ID, element_id)
+            field.clear()
+            field.send_keys(value)
+        driver.find_element(By.ID, "send").click()
+        WebDriverWait(driver, 600).until(lambda d: "done" in d.find_element(By.CSS_SELECTOR, ".stats").text)
+        spans = driver.find_elements(By.CSS_SELECTOR, ".reply span")
+        struck = [s for s in spans if s.get_attribute("class") == "src-rolled_back"]
+        kept = "".join(driver.execute_script("return arguments[0].textContent", s) for s in spans if s not in struck)
+        assert struck and all("line-through" in s.value_of_css_property("text-decoration") for s in struck)
+        assert kept == expected.text
+        driver.save_screenshot(str(ARTIFACTS / "serve_page_rollback.png"))

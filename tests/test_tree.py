@@ -147,9 +147,9 @@ def test_cache_after_every_tree_step_equals_plain_decodings_cache(model, prompt,
     context = GenerationContext(new_cache(model, 80), replace(SAMPLING, max_new_tokens=30))
     drafter = RandomTreeDrafter(prompt + plain, 0)
     drafter.begin(context)
-    tokens = prompt + [prefill(model, context, prompt)[0]]
+    tokens = prompt + prefill(model, context, prompt)[0].tokens
     while len(tokens) - len(prompt) < 30:
-        new, _ = speculative_step(model, context, tokens, 30 - (len(tokens) - len(prompt)), drafter)
+        new = speculative_step(model, context, tokens, 30 - (len(tokens) - len(prompt)), drafter).tokens
         tokens += new
         assert_cache_holds(model, context.cache, tokens[:-1])  # the last token is fed by the next step
     assert tokens[len(prompt):] == plain
@@ -176,7 +176,7 @@ def test_layer_skip_tree_branches_only_where_the_draft_is_unsure(prompt):
     model = tiny_model("llama", num_layers=4).double()
     skip = make_skip_set([1], [2], 4)
     context = GenerationContext(new_cache(model, 64), replace(SAMPLING, max_new_tokens=30))
-    tokens = prompt + [prefill(model, context, prompt)[0]]
+    tokens = prompt + prefill(model, context, prompt)[0].tokens
     chain = SelfDrafter(model, skip, DraftExit(4))
     never = SelfTreeDrafter(model, skip, DraftExit(4), nodes=12, depth=4, width=3, branch_below=0.0)
     always = SelfTreeDrafter(model, skip, DraftExit(4), nodes=12, depth=4, width=3, branch_below=1.0)

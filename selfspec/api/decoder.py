@@ -18,7 +18,9 @@ import torch
 
 from selfspec.api.streaming import Chunk, DecodingStats, stream_chunks
 from selfspec.data.prompt_sets import as_token_ids, calibration_texts
+from selfspec.decoding.speculative import TokenLogprob
 from selfspec.decoding.strategies import REGISTRY, Strategy, make_strategy
+from selfspec.decoding.text_rules import text_rules
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import output_device
 from selfspec.models.draft_head import DraftHead, make_draft_head
@@ -32,6 +34,8 @@ from selfspec.settings import (DraftSettings, KangarooSettings, SamplingSettings
 # draft exit) and the sampling settings (greedy, 128 new tokens) of callers that give none.
 DEFAULT_DRAFT = default_settings().draft
 DEFAULT_SAMPLING = default_settings().sampling
+DEFAULT_CONSTRAINTS = default_settings().constraints
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs
 STRATEGIES = tuple(name for name, spec in REGISTRY.items() if not spec.hf_baseline)  # ours: the ones that stream
 
 Prompt = str | list[dict] | list[int]  # raw text | chat messages ({"role", "content"}) | token ids
@@ -46,6 +50,7 @@ class Completion:
     prompt_tokens: int
     finish_reason: str  # "stop" (EOS or a stop string) | "length"
     stats: DecodingStats
+    logprobs: list[TokenLogprob] | None = None  # per token of token_ids, when asked for (`logprobs=N`)
 
 
 class SelfSpeculativeDecoder:
@@ -105,25 +110,38 @@ class SelfSpeculativeDecoder:
     def stream(self, prompt: Prompt, max_new_tokens: int = DEFAULT_SAMPLING.max_new_tokens,
                temperature: float = DEFAULT_SAMPLING.temperature, top_p: float = DEFAULT_SAMPLING.top_p,
                top_k: int = DEFAULT_SAMPLING.top_k, repetition_penalty: float = DEFAULT_SAMPLING.repetition_penalty,
-               seed: int | None = None, stop: Sequence[str] = ()) -> Iterator[Chunk]:
+               seed: int | None = None, stop: Sequence[str] = (), banned_words: Sequence[str] = (),
+               case_sensitive: bool = DEFAULT_CONSTRAINTS.case_sensitive, logprobs: int | None = None
+               ) -> Iterator[Chunk]:
         """One Chunk per verification step (its accepted tokens, their text and sources, the stats so far), then
-        a last one with the finish reason. Stopping the iteration stops the generation at the next step."""
+        a last one with the finish reason. Stopping the iteration stops the generation at the next step.
+        `banned_words`: words the output may not contain (decoding rolls back where one completes); `logprobs=N`:
+        each token's log-probability under the full model and its N most likely alternatives (N <= 20)."""
         ids = self.encode(prompt)
-        sampling = SamplingSettings(temperature, top_k, top_p, repetition_penalty, max_new_tokens)
+        if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
+            raise SelfspecError(f"logprobs={logprobs} is not allowed; allowed: 0..{MAX_TOP_LOGPROBS}")
+        sampling = SamplingSettings(temperature, top_k, top_p, repetition_penalty, max_new_tokens, tuple(stop))
+        rules = text_rules(self.model, self.tokenizer, banned_words, case_sensitive, sampling.stop)
         generator = torch.Generator(output_device(self.model)).manual_seed(seed) if seed is not None else None
-        steps = self.strategy(sampling).steps(ids, generator)
-        return stream_chunks(steps, self.tokenizer, self.end_ids, stop)
+        steps = dataclasses.replace(self.strategy(sampling), rules=rules).steps(ids, generator, logprobs)
+        return stream_chunks(steps, self.tokenizer, self.end_ids, rules)
 
     def generate(self, prompt: Prompt, max_new_tokens: int = DEFAULT_SAMPLING.max_new_tokens,
                  temperature: float = DEFAULT_SAMPLING.temperature, top_p: float = DEFAULT_SAMPLING.top_p,
                  top_k: int = DEFAULT_SAMPLING.top_k, repetition_penalty: float = DEFAULT_SAMPLING.repetition_penalty,
-                 seed: int | None = None, stop: Sequence[str] = ()) -> Completion:
+                 seed: int | None = None, stop: Sequence[str] = (), banned_words: Sequence[str] = (),
+                 case_sensitive: bool = DEFAULT_CONSTRAINTS.case_sensitive, logprobs: int | None = None
+                 ) -> Completion:
         """The whole reply (see `stream` for the arguments): greedy by default, lossless for every strategy."""
         ids = self.encode(prompt)
-        chunks = list(self.stream(ids, max_new_tokens, temperature, top_p, top_k, repetition_penalty, seed, stop))
-        tokens = [token for chunk in chunks for token in chunk.tokens]
+        tokens = []
+        for chunk in self.stream(ids, max_new_tokens, temperature, top_p, top_k, repetition_penalty, seed, stop,
+                                 banned_words, case_sensitive, logprobs):
+            del tokens[len(tokens) - chunk.retracted:]
+            tokens += chunk.tokens
         return Completion("".join(t.text for t in tokens), [t.id for t in tokens], [t.source for t in tokens],
-                          len(ids), chunks[-1].finish_reason, chunks[-1].stats)
+                          len(ids), chunk.finish_reason, chunk.stats,
+                          [t.logprob for t in tokens] if logprobs is not None else None)
 
     def _chat_ids(self, messages: list[dict]) -> list[int]:
         for index, message in enumerate(messages):

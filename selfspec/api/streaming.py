@@ -1,6 +1,7 @@
 """From decoding steps to streamed text: each verification step's tokens with their text and where they came from,
-running statistics, and stop strings (the text ends before the first one; tokens whose text may begin one are held
-back to the next step).
+running statistics, stop strings (the text ends before the first one) and banned words (decoding/text_rules.py).
+Tokens whose text may still begin a stop string or a banned word are held back until it cannot; tokens that a
+banned word rolled back are handed out apart, as `rolled_back`, and were never part of the text.
 
 Token sources: the drafter's own (`model`: a layer-skip, Kangaroo or second-model draft; `ngram`: copied from the
 context) for accepted draft tokens, `verified` for the token the full model chose itself (the prefill's first
@@ -12,9 +13,12 @@ from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from selfspec.decoding.results import StepRecord
+from selfspec.decoding.speculative import Emitted, TokenLogprob
+from selfspec.decoding.text_rules import TextRules
 from selfspec.timing import clock
 
 VERIFIED = "verified"
+ROLLED_BACK = "rolled_back"  # the source of a token a banned word took back
 
 
 @dataclass
@@ -27,6 +31,7 @@ class DecodingStats:
     emitted: int = 0  # tokens added by verification steps (every new token but the prefill's)
     verify_steps: int = 0  # full-model forwards after the prefill
     draft_steps: int = 0  # verification steps that checked a draft (the others decoded one token plainly)
+    rollbacks: int = 0  # times a banned word completed and the output was rolled back
 
     @property
     def acceptance_rate(self) -> float | None:
@@ -42,8 +47,10 @@ class DecodingStats:
     def tokens_per_s(self) -> float:
         return self.new_tokens / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
-    def add(self, new: list[int], step: StepRecord | None) -> None:
-        self.new_tokens += len(new)
+    def add(self, emitted: Emitted) -> None:
+        self.new_tokens += len(emitted.tokens) - emitted.rolled_back
+        self.rollbacks += emitted.rolled_back > 0
+        step = emitted.step
         if step is not None:
             self.drafted, self.accepted = self.drafted + step.drafted, self.accepted + step.accepted
             self.emitted, self.verify_steps = self.emitted + step.emitted, self.verify_steps + 1
@@ -58,7 +65,8 @@ class DecodingStats:
 class Token:
     id: int
     text: str  # the text this token adds ("" for a special token or the first bytes of a split character)
-    source: str  # "model" | "ngram" (an accepted draft token) | "verified" (the full model's own choice)
+    source: str  # "model" | "ngram" (an accepted draft token) | "verified" (the full model's own choice) | "rolled_back"
+    logprob: TokenLogprob | None = None  # when the generation was asked for log-probabilities
 
 
 @dataclass
@@ -67,6 +75,8 @@ class Chunk:
     tokens: list[Token]
     stats: DecodingStats  # the whole generation so far
     finish_reason: str | None = None  # "stop" (EOS or a stop string) | "length" (max_new_tokens)
+    rolled_back: list[Token] = field(default_factory=list)  # tokens a banned word took back (never in the text)
+    retracted: int = 0  # of those, how many earlier chunks had handed out (only when a rollback reaches that far)
 
     @property
     def text(self) -> str:
@@ -82,63 +92,69 @@ def token_sources(new: list[int], step: StepRecord | None) -> list[str]:
 
 @dataclass
 class _Reply:
-    """Decoded text of the new tokens so far and the tokens not yet handed out."""
-    ids: list[int] = field(default_factory=list)
+    """The reply's tokens so far with their decoded text, and how many of them (and characters) are handed out."""
+    tokens: list[Token] = field(default_factory=list)
     text: str = ""
-    sent: int = 0  # characters of `text` already handed out
-    held: list[Token] = field(default_factory=list)
+    released: int = 0  # tokens handed out
+    sent: int = 0  # characters of `text` handed out
 
-    def add(self, token_id: int, source: str, tokenizer) -> None:
+    def add(self, token: Token, tokenizer) -> None:
         """A new token; its text is what it adds to the decoded reply ("" while it ends inside a character, whose
         text then comes with the token that completes it)."""
-        self.ids.append(token_id)
-        text = tokenizer.decode(self.ids, skip_special_tokens=True)
-        piece = "" if text.endswith("\ufffd") else text[len(self.text):]
-        self.text += piece
-        self.held.append(Token(token_id, piece, source))
+        self.tokens.append(token)
+        text = tokenizer.decode([t.id for t in self.tokens], skip_special_tokens=True)
+        token.text = "" if text.endswith("\ufffd") else text[len(self.text):]
+        self.text += token.text
+
+    def roll_back(self, count: int) -> tuple[list[Token], int]:
+        """Take the last `count` tokens off; returns them (as rolled-back tokens) and how many were handed out."""
+        removed = self.tokens[len(self.tokens) - count:] if count else []
+        del self.tokens[len(self.tokens) - len(removed):]
+        self.text = self.text[:len(self.text) - sum(len(t.text) for t in removed)]
+        retracted = max(0, self.released - len(self.tokens))
+        self.released -= retracted
+        self.sent = min(self.sent, len(self.text))
+        return [dataclasses.replace(t, source=ROLLED_BACK) for t in removed], retracted
 
     def take(self, end: int) -> list[Token]:
-        """The held tokens whose text ends by character `end` (a token that may begin a stop string waits)."""
-        taken = []
-        while self.held and self.sent + len(self.held[0].text) <= end:
-            taken.append(self.held.pop(0))
-            self.sent += len(taken[-1].text)
+        """The held tokens before token `end` (the ones after it may still begin a stop string or a banned word)."""
+        taken = self.tokens[self.released:end]
+        self.released, self.sent = max(self.released, end), self.sent + sum(len(t.text) for t in taken)
         return taken
 
     def cut(self, end: int) -> list[Token]:
         """The held tokens up to character `end` (a stop string's start), the last one's text cut there."""
         taken = []
-        while self.held and self.sent < end:
-            taken.append(self.held.pop(0))
-            taken[-1].text = taken[-1].text[: end - self.sent]
-            self.sent += len(taken[-1].text)
+        while self.released < len(self.tokens) and self.sent < end:
+            token = self.tokens[self.released]
+            taken.append(dataclasses.replace(token, text=token.text[: end - self.sent]))
+            self.released, self.sent = self.released + 1, self.sent + len(taken[-1].text)
         return taken
 
 
-def stream_chunks(steps: Generator[tuple[list[int], StepRecord | None], None, None], tokenizer,
-                  end_ids: tuple[int, ...], stop: Sequence[str] = ()) -> Iterator[Chunk]:
+def stream_chunks(steps: Generator[Emitted, None, None], tokenizer, end_ids: tuple[int, ...],
+                  rules: TextRules | None = None) -> Iterator[Chunk]:
     """One Chunk per decoding step, then a last one with the finish reason; ends the generation (closes `steps`)
     at the first stop string. A character the generation ends inside of is left out of the text."""
     start, stats, reply = clock(), DecodingStats(), _Reply()
-    stop = [s for s in stop if s]
+    stop = rules.stop.words if rules is not None and rules.stop is not None else ()
     try:
-        for new, step in steps:
-            stats.add(new, step)
-            for token_id, source in zip(new, token_sources(new, step)):
-                reply.add(token_id, source, tokenizer)
+        for emitted in steps:
+            stats.add(emitted)
+            logprobs = emitted.logprobs or [None] * len(emitted.tokens)
+            for token_id, source, logprob in zip(emitted.tokens, token_sources(emitted.tokens, emitted.step),
+                                                 logprobs):
+                reply.add(Token(token_id, "", source, logprob), tokenizer)
+            rolled_back, retracted = reply.roll_back(emitted.rolled_back)
             stats.elapsed_s = clock() - start
             found = [i for i in (reply.text.find(s, reply.sent) for s in stop) if i >= 0]
-            if found:
-                yield Chunk(reply.cut(min(found)), dataclasses.replace(stats), "stop")
+            if found or emitted.stopped:
+                end = min(found, default=len(reply.text))
+                yield Chunk(reply.cut(end), dataclasses.replace(stats), "stop", rolled_back, retracted)
                 return
-            yield Chunk(reply.take(len(reply.text) - _stop_prefix(reply.text, stop)), dataclasses.replace(stats))
+            yield Chunk(reply.take(len(reply.tokens) - emitted.open_tokens), dataclasses.replace(stats), None,
+                        rolled_back, retracted)
     finally:
         steps.close()
-    finish = "stop" if reply.ids and reply.ids[-1] in end_ids else "length"
-    yield Chunk(reply.take(len(reply.text)), dataclasses.replace(stats), finish)
-
-
-def _stop_prefix(text: str, stop: list[str]) -> int:
-    """Length of the longest end of `text` that begins a stop string (held back: the stop may follow)."""
-    return max((n for s in stop for n in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:n])),
-               default=0)
+    finish = "stop" if reply.tokens and reply.tokens[-1].id in end_ids else "length"
+    yield Chunk(reply.take(len(reply.tokens)), dataclasses.replace(stats), finish)

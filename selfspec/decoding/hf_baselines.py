@@ -70,7 +70,8 @@ class HFStrategy:
         if streamer is not None:  # times[0]: the prompt, [1]: the prefill's token, then one per forward
             prefill_s = streamer.times[1] - start
             steps = [StepRecord(0, 0, 1, 0.0, 0.0, b - a) for a, b in zip(streamer.times[1:], streamer.times[2:])]
-        return GenerationResult(new_tokens, elapsed_s, prefill_s, steps)
+        finish = "stop" if new_tokens and new_tokens[-1] in self.end_ids else "length"
+        return GenerationResult(new_tokens, elapsed_s, prefill_s, steps, finish_reason=finish)
 
     def _generate_kwargs(self) -> dict:
         s = self.settings

@@ -31,6 +31,8 @@ class GenerationResult:
     elapsed_s: float  # wall time of the whole generation, prefill included
     prefill_s: float
     steps: list[StepRecord] = field(default_factory=list)
+    rollbacks: int = 0  # times a banned word completed and the output was rolled back (decoding/text_rules.py)
+    finish_reason: str = "length"  # "stop": an end id or a stop string ended it | "length": max_new_tokens did
 
     @property
     def drafted(self) -> int:

@@ -2,10 +2,12 @@
 
 With no drafter (or a draft of zero tokens) a step is one plain decoding step, so plain decoding and
 speculative decoding share this loop and its sampling code. Target-confidence gating: while the full model's
-probability of the token it last emitted is at or below `target_gate`, the next step does not draft.
+probability of the token it last emitted is at or below `target_gate`, the next step does not draft. Banned words
+and stop strings (decoding/text_rules.py) act on what a step emits, the same way whatever drafted it.
 """
 
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -13,6 +15,7 @@ from selfspec.decoding.drafters import Draft, Drafter, GenerationContext, cut_at
 from selfspec.decoding.prompt_ids import single_prompt
 from selfspec.decoding.results import GenerationResult, StepRecord
 from selfspec.decoding.sampling import accept_probability, residual, sample, scores
+from selfspec.decoding.text_rules import WINDOW, OutputWatch, TextRules
 from selfspec.decoding.tree import forward_tree, tree_paths, tree_scores, verify_tree_greedy, verify_tree_sampled
 from selfspec.errors import SelfspecError
 from selfspec.models.cache import forward, new_cache
@@ -20,6 +23,24 @@ from selfspec.models.devices import output_device
 from selfspec.models.layouts import decoder_layers
 from selfspec.settings import SamplingSettings
 from selfspec.timing import clock
+
+
+@dataclass
+class TokenLogprob:
+    """The full model's log-probability of an emitted token under the sampling settings, and its top alternatives."""
+    logprob: float
+    top: list[tuple[int, float]]  # (token id, log-probability), most likely first
+
+
+@dataclass
+class Emitted:
+    """What one step (or the prefill) added to the output."""
+    tokens: list[int]
+    step: StepRecord | None  # None: the prefill
+    logprobs: list[TokenLogprob] | None = None  # per token of `tokens`, when the generation asks for them
+    rolled_back: int = 0  # then this many tokens came off the output's end: a banned word completed
+    stopped: bool = False  # a stop string completed: the output ends here
+    open_tokens: int = 0  # tokens at the output's end that a banned word may still roll back (streams hold them)
 
 
 def verify_greedy(draft_tokens: list[int], target_scores: torch.Tensor) -> tuple[int, int]:
@@ -54,57 +75,79 @@ def verify_sampled(draft_tokens: list[int], q: torch.Tensor, p: torch.Tensor, ge
 
 def generate(model, prompt: list[int], settings: SamplingSettings, drafter: Drafter | None = None,
              end_ids: tuple[int, ...] = (), generator: torch.Generator | None = None,
-             target_gate: float | None = None) -> GenerationResult:
+             target_gate: float | None = None, rules: TextRules | None = None) -> GenerationResult:
     """Generate up to settings.max_new_tokens tokens after `prompt` (batch size 1), stopping after any of `end_ids`
-    (the model's end-of-turn ids, LoadedModel.end_ids); plain decoding without a drafter."""
+    (the model's end-of-turn ids, LoadedModel.end_ids) or a stop string of `rules`; plain decoding without a
+    drafter."""
     device = output_device(model)  # the clock waits for the device the logits land on
     start = clock(device)
-    new_tokens, steps, prefill_s = [], [], 0.0
-    for new, step in decode_steps(model, prompt, settings, drafter, end_ids, generator, target_gate):
-        new_tokens += new
-        if step is None:
+    new_tokens, steps, prefill_s, rollbacks = [], [], 0.0, 0
+    for emitted in decode_steps(model, prompt, settings, drafter, end_ids, generator, target_gate, rules):
+        new_tokens += emitted.tokens
+        del new_tokens[len(new_tokens) - emitted.rolled_back:]
+        rollbacks += emitted.rolled_back > 0
+        if emitted.step is None:
             prefill_s = clock(device) - start
         else:
-            steps.append(step)
-    return GenerationResult(new_tokens, clock(device) - start, prefill_s, steps)
+            steps.append(emitted.step)
+    finish = "stop" if emitted.stopped or new_tokens[-1] in end_ids else "length"
+    return GenerationResult(new_tokens, clock(device) - start, prefill_s, steps, rollbacks, finish)
 
 
 def decode_steps(model, prompt: list[int], settings: SamplingSettings, drafter: Drafter | None = None,
                  end_ids: tuple[int, ...] = (), generator: torch.Generator | None = None,
-                 target_gate: float | None = None) -> Iterator[tuple[list[int], StepRecord | None]]:
-    """`generate` one step at a time: yields the prefill's first token with step None, then each verification's
-    new tokens and record. A consumer that stops iterating stops the generation there (streaming, disconnects)."""
+                 target_gate: float | None = None, rules: TextRules | None = None,
+                 top_logprobs: int | None = None) -> Iterator[Emitted]:
+    """`generate` one step at a time: yields what the prefill emitted (step None), then what each verification
+    emitted, with the tokens' log-probabilities and `top_logprobs` alternatives when that is set. A consumer that
+    stops iterating stops the generation there (streaming, disconnects)."""
     prompt = single_prompt(prompt)
     decoder_layers(model)  # a model of another layout ends here, in one line
     if target_gate is not None and not 0.0 <= target_gate <= 1.0:
         raise SelfspecError(f"target_gate={target_gate} is outside [0, 1]")
     max_len = len(prompt) + settings.max_new_tokens + (drafter.max_tokens if drafter is not None else 0) + 1
-    context = GenerationContext(new_cache(model, max_len), settings, generator, end_ids)
+    context = GenerationContext(new_cache(model, max_len), settings, generator, end_ids,
+                                OutputWatch(rules, prompt[-WINDOW:]) if rules else None, top_logprobs)
     if drafter is not None:
         drafter.begin(context)
 
-    first, confidence = prefill(model, context, prompt)
-    tokens = prompt + [first]
-    yield [first], None
-    while tokens[-1] not in end_ids and len(tokens) - len(prompt) < settings.max_new_tokens:
-        remaining = settings.max_new_tokens - (len(tokens) - len(prompt))
+    emitted, confidence = prefill(model, context, prompt)
+    tokens = list(prompt)
+    while True:
+        emitted = settled(context, emitted)
+        tokens += emitted.tokens
+        del tokens[len(tokens) - emitted.rolled_back:]
+        context.cache.rewind(len(tokens) - 1)  # short of the step's own rewind after a rollback or a stop
+        yield emitted
+        generated = len(tokens) - len(prompt)
+        if emitted.stopped or generated >= settings.max_new_tokens or (generated and tokens[-1] in end_ids):
+            return
         gated = drafter is not None and target_gate is not None and confidence <= target_gate
-        new, step = speculative_step(model, context, tokens, remaining, drafter, gated)
-        confidence = step.target_confidence
-        tokens += new
-        yield new, step
+        emitted = speculative_step(model, context, tokens, settings.max_new_tokens - generated, drafter, gated)
+        confidence = emitted.step.target_confidence
 
 
-def prefill(model, context: GenerationContext, prompt: list[int]) -> tuple[int, float]:
+def settled(context: GenerationContext, emitted: Emitted) -> Emitted:
+    """`emitted` as the banned words and stop strings leave it: cut after the token that completes one."""
+    if context.watch is None:
+        return emitted
+    verdict = context.watch.settle(emitted.tokens)
+    logprobs = emitted.logprobs[:verdict.kept] if emitted.logprobs is not None else None
+    return replace(emitted, tokens=emitted.tokens[:verdict.kept], logprobs=logprobs,
+                   rolled_back=verdict.rolled_back, stopped=verdict.stopped, open_tokens=context.watch.open_tokens())
+
+
+def prefill(model, context: GenerationContext, prompt: list[int]) -> tuple[Emitted, float]:
     """Run the prompt through the full model; return the first new token and its probability."""
     logits = forward(model, context.cache, prompt, 0, last_only=True)  # (1, vocab)
-    probs = torch.softmax(scores(logits, prompt, len(prompt), context.processor)[0], dim=-1)  # (vocab,)
+    target = scores(logits, prompt, len(prompt), context.processor)  # (1, vocab)
+    probs = torch.softmax(target[0], dim=-1)  # (vocab,)
     token = int(probs.argmax()) if context.settings.greedy else sample(probs, context.generator)
-    return token, float(probs[token])
+    return Emitted([token], None, token_logprobs(context, target, [token])), float(probs[token])
 
 
 def speculative_step(model, context: GenerationContext, tokens: list[int], remaining: int, drafter: Drafter | None,
-                     gated: bool = False) -> tuple[list[int], StepRecord]:
+                     gated: bool = False) -> Emitted:
     """Draft (unless `gated`), verify [last token, drafts...] in one full-model forward, keep the accepted prefix
     plus one token; the cache is rewound to the kept length (tokens + new, minus the not yet processed last
     token)."""
@@ -115,8 +158,11 @@ def speculative_step(model, context: GenerationContext, tokens: list[int], remai
     t1 = clock(device)
     if draft.parents is not None:
         return tree_step(model, context, tokens, remaining, drafter, draft, t1 - t0, gated)
+    if context.watch is not None:  # no draft token past one that completes a banned word or a stop string
+        kept = context.watch.draft_length(draft.tokens)
+        draft = replace(draft, tokens=draft.tokens[:kept], probs=draft.probs[:kept])
     verify_logits = forward(model, context.cache, [tokens[-1]] + draft.tokens, len(tokens) - 1)  # (k+1, vocab)
-    target = scores(verify_logits, tokens + draft.tokens, len(tokens), context.processor)  # (k+1, vocab)
+    target = scores(forbid(context, verify_logits), tokens + draft.tokens, len(tokens), context.processor)
     if context.settings.greedy:
         accepted, next_token = verify_greedy(draft.tokens, target)
     else:
@@ -130,17 +176,17 @@ def speculative_step(model, context: GenerationContext, tokens: list[int], remai
                       t1 - t0, clock(device) - t1, draft.source if draft.tokens else "", confidence, gated)
     if draft.tokens:
         drafter.update(len(draft.tokens), accepted, source=draft.source)
-    return new, step
+    return Emitted(new, step, token_logprobs(context, target[:len(new)], new))
 
 
 def tree_step(model, context: GenerationContext, tokens: list[int], remaining: int, drafter: Drafter, draft: Draft,
-              draft_s: float, gated: bool) -> tuple[list[int], StepRecord]:
+              draft_s: float, gated: bool) -> Emitted:
     """Verify a token-tree draft in one full-model forward (decoding/tree.py), keep its longest accepted path plus one
     token, and move that path's cache entries next to the prefix."""
     device = output_device(model)
     t1 = clock(device)
     logits = forward_tree(model, context.cache, tokens[-1], draft, len(tokens) - 1)  # (n+1, vocab)
-    target = tree_scores(logits, tokens, draft, context.processor)  # (n+1, vocab)
+    target = tree_scores(forbid(context, logits), tokens, draft, context.processor)  # (n+1, vocab)
     if context.settings.greedy:
         path, next_token = verify_tree_greedy(draft, target)
     else:
@@ -154,5 +200,28 @@ def tree_step(model, context: GenerationContext, tokens: list[int], remaining: i
                       draft.source if draft.tokens else "", confidence, gated, len(draft.tokens), depth)
     if draft.tokens:
         drafter.update(depth, len(path), path, draft.source)
-    return new, step
+    rows = [0] + [i + 1 for i in path]  # row r predicts the token after node r - 1 (row 0: after the context)
+    return Emitted(new, step, token_logprobs(context, target[rows[:len(new)]], new))
 
+
+def forbid(context: GenerationContext, logits: torch.Tensor) -> torch.Tensor:
+    """`logits` (rows, vocab) with the tokens the banned words forbid at the next position out of row 0 (only the
+    next position can have forbidden tokens: a rollback clears the positions after its own)."""
+    forbidden = context.watch.forbidden_next() if context.watch is not None else None
+    if not forbidden:
+        return logits
+    logits = logits.clone()
+    logits[0, sorted(forbidden)] = float("-inf")
+    return logits
+
+
+def token_logprobs(context: GenerationContext, target: torch.Tensor, tokens: list[int]) -> list[TokenLogprob] | None:
+    """The log-probabilities of `tokens` under the filtered scores `target` (len(tokens), vocab) that chose them,
+    with context.top_logprobs alternatives each; None when the generation does not ask for them."""
+    if context.top_logprobs is None:
+        return None
+    logprobs = torch.log_softmax(target.float(), dim=-1)  # (n, vocab)
+    chosen = logprobs[torch.arange(len(tokens)), torch.tensor(tokens, device=logprobs.device)].tolist()
+    values, ids = logprobs.topk(context.top_logprobs, dim=-1)  # (n, top)
+    return [TokenLogprob(logprob, [(i, v) for i, v in zip(row_ids, row_values) if v > float("-inf")])
+            for logprob, row_ids, row_values in zip(chosen, ids.tolist(), values.tolist())]

@@ -17,8 +17,9 @@ from selfspec.decoding.drafters import (Drafter, feature_head, hybrid, layer_ski
 from selfspec.decoding.drafters import kangaroo as kangaroo_drafter
 from selfspec.decoding.hf_baselines import HFStrategy
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
-from selfspec.decoding.results import GenerationResult, StepRecord
-from selfspec.decoding.speculative import decode_steps, generate
+from selfspec.decoding.results import GenerationResult
+from selfspec.decoding.speculative import Emitted, decode_steps, generate
+from selfspec.decoding.text_rules import TextRules
 from selfspec.errors import SelfspecError
 from selfspec.models.draft_head import DraftHead
 from selfspec.models.layouts import decoder_layers
@@ -42,29 +43,35 @@ class Strategy:
     end_ids: tuple[int, ...]  # any of them ends generation (LoadedModel.end_ids)
     drafter: Drafter | None = None
     target_gate: float | None = None
+    rules: TextRules | None = None  # banned words and stop strings (decoding/text_rules.py)
 
     def generate(self, prompt: list[int], generator: torch.Generator | None = None) -> GenerationResult:
         return generate(self.model, prompt, self.settings, self.drafter, self.end_ids, generator,
-                        self.target_gate)
+                        self.target_gate, self.rules)
 
-    def steps(self, prompt: list[int], generator: torch.Generator | None = None
-              ) -> Iterator[tuple[list[int], StepRecord | None]]:
-        """`generate` step by step (decoding/speculative.py `decode_steps`), for streaming."""
+    def steps(self, prompt: list[int], generator: torch.Generator | None = None,
+              top_logprobs: int | None = None) -> Iterator[Emitted]:
+        """`generate` step by step (decoding/speculative.py `decode_steps`), for streaming; with the emitted
+        tokens' log-probabilities and `top_logprobs` alternatives when that is set."""
         return decode_steps(self.model, prompt, self.settings, self.drafter, self.end_ids, generator,
-                            self.target_gate)
+                            self.target_gate, self.rules, top_logprobs)
 
 
 def make_strategy(name: str, model, settings: SamplingSettings, end_ids: tuple[int, ...], skip: SkipSet,
                   draft: DraftSettings, draft_model=None, draft_head: DraftHead | None = None,
                   hf: HFSettings | None = None, kangaroo: KangarooSettings | None = None,
                   searched: tuple[SkipSet, DraftHead | None] | None = None,
-                  costs: CostMeter | None = None) -> Strategy | HFStrategy:
+                  costs: CostMeter | None = None, rules: TextRules | None = None) -> Strategy | HFStrategy:
     """The strategy `name` (see REGISTRY); `searched`: the searched skip set and its draft head, for
     self_spec_searched; `costs`: this machine's step costs for the cost-aware policy, measured on first use and
-    shared by the strategies of a run. Each strategy gets fresh draft-exit policies."""
+    shared by the strategies of a run; `rules`: banned words and stop strings. Each strategy gets fresh draft-exit
+    policies."""
     spec = REGISTRY.get(name)
     if spec is None:
         raise SelfspecError(f"strategy {name!r} is unknown; allowed: {', '.join(REGISTRY)}")
+    if spec.hf_baseline and rules is not None:
+        raise SelfspecError(f"strategy {name} is transformers' own generate, which has no banned words with "
+                            f"rollback; drop it from strategies, or constraints.banned_words and sampling.stop")
     if not spec.hf_baseline:
         decoder_layers(model)  # our decoding needs the supported layout: say so before any prompt runs
     inputs = StrategyInputs(model, settings, end_ids, skip, draft, costs or cost_meter(model, draft), draft_model,
@@ -72,7 +79,8 @@ def make_strategy(name: str, model, settings: SamplingSettings, end_ids: tuple[i
     if spec.hf_baseline:
         return spec.build(inputs)
     drafter = spec.build(inputs)
-    return Strategy(name, model, settings, end_ids, drafter, draft.target_gate if drafter is not None else None)
+    return Strategy(name, model, settings, end_ids, drafter, draft.target_gate if drafter is not None else None,
+                    rules)
 
 
 def cost_meter(model, draft: DraftSettings) -> CostMeter:

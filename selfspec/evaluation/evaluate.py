@@ -74,8 +74,15 @@ def _decode(strategy: Strategy, prompt: Prompt, turn: int, ids: list[int], plain
         speedup=result.tokens_per_s / reference_tps if reference_tps else None,
         matches_plain=result.new_tokens == reference_ids if reference_ids is not None else None,
         first_difference=first_difference(result.new_tokens, reference_ids) if reference_ids is not None else None,
-        gated_steps=result.gated_steps, peak_mem_mb=max(peaks) if peaks else None,
-        output_ids=result.new_tokens, output_text=tokenizer.decode(result.new_tokens), steps=result.steps)
+        gated_steps=result.gated_steps, rollbacks=result.rollbacks, finish_reason=result.finish_reason,
+        peak_mem_mb=max(peaks) if peaks else None, output_ids=result.new_tokens,
+        output_text=before_stop(tokenizer.decode(result.new_tokens), strategy), steps=result.steps)
+
+
+def before_stop(text: str, strategy: Strategy) -> str:
+    """`text` up to its first stop string (sampling.stop), as the API and the server hand it out."""
+    cut = [i for i in (text.find(stop) for stop in strategy.settings.stop) if i >= 0]
+    return text[:min(cut)] if cut else text
 
 
 def _replay_steps(strategies: list[Strategy], earlier: list[PromptRecord]) -> None:

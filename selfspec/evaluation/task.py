@@ -10,6 +10,7 @@ from selfspec.data.conversation import check_multi_turn
 from selfspec.data.lengths import context_room, fit_prompts, with_truncated_count
 from selfspec.data.prompt_sets import calibration_texts, encode_prompt, load_prompt_set
 from selfspec.decoding.strategies import cost_meter, make_strategy
+from selfspec.decoding.text_rules import text_rules
 from selfspec.evaluation.evaluate import evaluate
 from selfspec.evaluation.spec_bench import write_answers
 from selfspec.evaluation.summarize import summary_title, write_summary
@@ -59,8 +60,10 @@ def run(settings: RunSettings, out_dir: Path) -> dict:
     heads = DraftHeads(loaded)
     searched = searched_draft(settings, layers, heads) if "self_spec_searched" in settings.strategies else None
     costs = cost_meter(loaded.model, settings.draft)  # measured on first use, shared by the strategies
+    rules = text_rules(loaded.model, loaded.tokenizer, settings.constraints.banned_words,
+                       settings.constraints.case_sensitive, sampling.stop)
     strategies = [make_strategy(name, loaded.model, sampling, loaded.end_ids, skip, settings.draft,
-                                draft_model, heads(vocab_size), settings.hf, settings.kangaroo, searched, costs)
+                                draft_model, heads(vocab_size), settings.hf, settings.kangaroo, searched, costs, rules)
                   for name in settings.strategies]
     if costs.summary():
         print(costs.summary())

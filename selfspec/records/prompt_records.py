@@ -36,6 +36,8 @@ class PromptRecord:
     first_difference: int | None = None  # index of the first output token that differs from plain's; None: equal
     turn: int = 0  # which turn of the prompt (data.turns=all records every turn; 0: the first)
     gated_steps: int = 0  # verifications that did not draft because of draft.target_gate
+    rollbacks: int = 0  # times a banned word completed and decoding rolled back (constraints.banned_words)
+    finish_reason: str = ""  # "stop" (an end id or a stop string) | "length" (max_new_tokens); "": not recorded
     peak_mem_mb: float | None = None  # peak memory growth during generate, MiB, max over repeats (CPU: peak RSS)
     output_ids: list[int] = field(default_factory=list)
     output_text: str = ""

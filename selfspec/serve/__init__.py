@@ -32,7 +32,7 @@ def serve(settings: RunSettings, out_dir: Path) -> None:
     if settings.warmup:  # the first forward pays for lazy initialisation; not the first request
         for decoder in decoders.values():
             decoder.generate("Hello", max_new_tokens=4)
-    app = make_app(decoders, loaded.name, settings.serve, settings.sampling)
+    app = make_app(decoders, loaded.name, settings.serve, settings.sampling, settings.constraints)
     host, port = settings.serve.host, settings.serve.port
     print(f"selfspec: serving {loaded.name} ({settings.serve.strategy}) on http://{host}:{port} "
           f"(page: /, API: /v1/chat/completions, /v1/completions)", flush=True)

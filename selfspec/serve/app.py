@@ -21,7 +21,7 @@ from selfspec.api.decoder import SelfSpeculativeDecoder
 from selfspec.errors import SelfspecError
 from selfspec.serve.queue import QueueFull, RequestQueue, Ticket
 from selfspec.serve.schemas import ChatCompletionRequest, CompletionRequest, Reply, Request as Body, error
-from selfspec.settings import SamplingSettings, ServeSettings
+from selfspec.settings import ConstraintSettings, SamplingSettings, ServeSettings
 
 PAGE = Path(__file__).parent / "static" / "index.html"
 
@@ -34,9 +34,9 @@ class BadRequest(Exception):
 
 
 def make_app(decoders: dict[str, SelfSpeculativeDecoder], model_name: str, serve: ServeSettings,
-             sampling: SamplingSettings) -> FastAPI:
+             sampling: SamplingSettings, constraints: ConstraintSettings = ConstraintSettings()) -> FastAPI:
     """`decoders`: strategy name -> decoder over the one model; requests use serve.strategy unless they name
-    another (`"strategy": "plain"`)."""
+    another (`"strategy": "plain"`); `sampling` and `constraints`: the defaults of what a request leaves out."""
     app = FastAPI(title="selfspec", docs_url=None, redoc_url=None)
     queue = RequestQueue(serve.max_queue)
     context_length = getattr(next(iter(decoders.values())).model.config, "max_position_embeddings", None)
@@ -104,10 +104,15 @@ def make_app(decoders: dict[str, SelfSpeculativeDecoder], model_name: str, serve
             max_tokens = check_length(len(ids), body.max_tokens or sampling.max_new_tokens)
             chunks = decoder.stream(ids, max_tokens, _or(body.temperature, sampling.temperature),
                                     _or(body.top_p, sampling.top_p), _or(body.top_k, sampling.top_k),
-                                    sampling.repetition_penalty, body.seed, body.stops)
+                                    sampling.repetition_penalty, body.seed,
+                                    body.stops if body.stop is not None else sampling.stop,
+                                    _or(body.banned_words, constraints.banned_words),
+                                    _or(body.case_sensitive, constraints.case_sensitive), body.top_logprobs_count)
         except SelfspecError as exc:
             raise BadRequest(400, str(exc).splitlines()[0]) from None
-        reply, ticket = Reply(chat, model_name, name, len(ids)), queue.take()
+        reply = Reply(chat, model_name, name, len(ids), body.top_logprobs_count is not None,
+                      lambda token_ids: decoder.tokenizer.decode(token_ids))
+        ticket = queue.take()
         if body.stream:
             return EventSourceResponse(events(chunks, reply, ticket), sep="\n",
                                        background=BackgroundTask(ticket.release))
@@ -139,14 +144,15 @@ def make_app(decoders: dict[str, SelfSpeculativeDecoder], model_name: str, serve
         yield "[DONE]"
 
     async def whole(chunks, reply: Reply, ticket: Ticket, request: Request) -> dict:
-        text = []
+        tokens = []
         async with ticket.turn():
             try:
                 while True:  # the last chunk has a finish_reason
                     chunk = await run_in_threadpool(next, chunks)
-                    text.append(chunk.text)
+                    del tokens[len(tokens) - chunk.retracted:]
+                    tokens += chunk.tokens
                     if chunk.finish_reason is not None:
-                        return reply.whole("".join(text), chunk.finish_reason, chunk.stats)
+                        return reply.whole(tokens, chunk.finish_reason, chunk.stats)
                     if await request.is_disconnected():
                         return {}  # nobody reads the answer: stop decoding here
             finally:

@@ -13,15 +13,16 @@ groups.py: the run's other groups; config.py: the run's top-level options, `from
 
 from selfspec.settings.config import (LaunchSettings, RunOptions, RunSettings, default_settings, from_config,
                                       launch_settings)
-from selfspec.settings.decoding import (POLICIES, DraftSettings, SamplingSettings, SkipSet, SkipSettings,
+from selfspec.settings.decoding import (MAX_BANNED_WORDS, POLICIES, ConstraintSettings, DraftSettings,
+                                        SamplingSettings, SkipSet, SkipSettings, check_banned_words,
                                         default_threshold, make_skip_set)
 from selfspec.settings.groups import (DEVICE_MAP_PLANS, FORMAT_NAMES, DataSettings, DraftHeadSettings, HFSettings,
                                       KangarooSettings, LoggerSettings, ModelSettings, SearchSettings, ServeSettings,
                                       TrainSettings)
 from selfspec.settings.typed import named, named_error, typed
 
-__all__ = ["DEVICE_MAP_PLANS", "FORMAT_NAMES", "POLICIES", "DataSettings", "DraftHeadSettings", "DraftSettings",
-           "HFSettings", "KangarooSettings", "LaunchSettings", "LoggerSettings", "ModelSettings", "RunOptions", "RunSettings",
-           "SamplingSettings", "SearchSettings", "ServeSettings", "SkipSet", "SkipSettings", "TrainSettings",
-           "default_settings", "default_threshold", "from_config", "launch_settings", "make_skip_set", "named",
-           "named_error", "typed"]
+__all__ = ["DEVICE_MAP_PLANS", "FORMAT_NAMES", "MAX_BANNED_WORDS", "POLICIES", "ConstraintSettings", "DataSettings",
+           "DraftHeadSettings", "DraftSettings", "HFSettings", "KangarooSettings", "LaunchSettings",
+           "LoggerSettings", "ModelSettings", "RunOptions", "RunSettings", "SamplingSettings", "SearchSettings",
+           "ServeSettings", "SkipSet", "SkipSettings", "TrainSettings", "check_banned_words", "default_settings",
+           "default_threshold", "from_config", "launch_settings", "make_skip_set", "named", "named_error", "typed"]

@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from selfspec.errors import SelfspecError
-from selfspec.settings.decoding import DraftSettings, SamplingSettings, SkipSettings
+from selfspec.settings.decoding import ConstraintSettings, DraftSettings, SamplingSettings, SkipSettings
 from selfspec.settings.groups import (DataSettings, DraftHeadSettings, HFSettings, KangarooSettings, LoggerSettings,
                                       ModelSettings, SearchSettings, ServeSettings, TrainSettings)
 from selfspec.settings.typed import CONF, at_least, one_of, type_error, typed
@@ -66,6 +66,7 @@ class RunSettings(RunOptions):
     draft: DraftSettings
     draft_model: Optional[ModelSettings]
     sampling: SamplingSettings
+    constraints: ConstraintSettings
     search: Optional[SearchSettings]
     data: DataSettings
     logger: LoggerSettings
@@ -91,6 +92,7 @@ def from_config(cfg: DictConfig) -> RunSettings:
         draft=typed(DraftSettings, plain["draft"], "draft"),
         draft_model=typed(ModelSettings, plain["draft_model"], "draft_model") if plain.get("draft_model") else None,
         sampling=typed(SamplingSettings, plain["sampling"], "sampling"),
+        constraints=typed(ConstraintSettings, plain["constraints"], "constraints"),
         search=typed(SearchSettings, plain["search"], "search") if plain.get("search") else None,
         data=typed(DataSettings, plain["data"], "data"), logger=typed(LoggerSettings, plain["logger"], "logger"),
         hf=typed(HFSettings, plain["hf"], "hf"), kangaroo=typed(KangarooSettings, plain["kangaroo"], "kangaroo"),

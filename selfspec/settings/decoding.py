@@ -10,6 +10,7 @@ from selfspec.errors import SelfspecError
 from selfspec.settings.typed import CONF, at_least, in_unit, one_of
 
 POLICIES = ("fixed", "threshold", "adaptive", "cost")
+MAX_BANNED_WORDS = 10_000
 ADAPTIVE_RULE = ("beta1", "target_acceptance", "epsilon", "beta2")  # the adaptive draft exit's parameters
 
 
@@ -21,8 +22,13 @@ class SamplingSettings:
     top_p: float
     repetition_penalty: float
     max_new_tokens: int
+    stop: tuple[str, ...] = ()  # the output ends with the token that completes one of these; its text before it
 
     def __post_init__(self):
+        object.__setattr__(self, "stop", tuple(self.stop))  # OmegaConf gives a list
+        for index, text in enumerate(self.stop):
+            if not isinstance(text, str) or not text:
+                raise SelfspecError(f"stop[{index}]={text!r} is not allowed; a stop string is non-empty text")
         if self.temperature < 0:
             raise SelfspecError(f"temperature={self.temperature} is negative; allowed: 0 (greedy) or > 0")
         if self.top_k < 0:
@@ -37,6 +43,27 @@ class SamplingSettings:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def check_banned_words(words) -> None:
+    """At most MAX_BANNED_WORDS words, each with a character that is not whitespace."""
+    if len(words) > MAX_BANNED_WORDS:
+        raise SelfspecError(f"banned_words: {len(words)} words are too many; allowed: at most {MAX_BANNED_WORDS}")
+    for index, word in enumerate(words):
+        if not isinstance(word, str) or not word.strip():
+            raise SelfspecError(f"banned_words[{index}]={word!r} is not allowed; a banned word needs a character "
+                                f"that is not whitespace")
+
+
+@dataclass(frozen=True)
+class ConstraintSettings:
+    """The `constraints` keys: words the output may not contain (decoding/text_rules.py)."""
+    banned_words: tuple[str, ...] = ()
+    case_sensitive: bool = False
+
+    def __post_init__(self):
+        object.__setattr__(self, "banned_words", tuple(self.banned_words))  # OmegaConf gives a list
+        check_banned_words(self.banned_words)
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,8 @@ def type_error(error: OmegaConfBaseException, prefix: str) -> str:
     unknown = re.match(r"Key '(.+)' not in '(\w+)'", message)
     if unknown:
         return f"{prefix}{unknown.group(1)} is not a known key; see conf/ for the allowed keys"
+    if "is not a ListConfig, list or tuple" in message:
+        return f"{where} must be a list, e.g. {where}=['...']"
     if re.match(r"Value '.*' is not a valid bool", message):
         message = message.replace("is not a valid bool", "could not be converted to Boolean")
     wanted = re.search(r"could not be converted to (\w+)", message)

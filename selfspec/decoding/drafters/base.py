@@ -15,6 +15,7 @@ from transformers import LogitsProcessorList
 
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.sampling import logits_processor, sample, scores
+from selfspec.decoding.text_rules import OutputWatch
 from selfspec.models.cache import RewindableCache
 from selfspec.settings import SamplingSettings
 from selfspec.timing import clock
@@ -27,6 +28,8 @@ class GenerationContext:
     settings: SamplingSettings
     generator: torch.Generator | None = None
     end_ids: tuple[int, ...] = ()  # the model's end-of-turn ids (models/loading.py): any of them ends generation
+    watch: OutputWatch | None = None  # banned words and stop strings (decoding/text_rules.py); None: none
+    top_logprobs: int | None = None  # the emitted tokens' log-probabilities and this many alternatives; None: off
     processor: LogitsProcessorList = field(init=False)  # the filters plain decoding applies
 
     def __post_init__(self):

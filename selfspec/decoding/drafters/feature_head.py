@@ -66,6 +66,7 @@ class HeadFeatures:
         """(vocab,) draft logits for the token after `ids` (at positions start..). The draft's first call (its last
         kept token) runs the head over every kept position it has not seen; later ones on its own prediction."""
         if start == len(self.tokens) - 1:  # head position j takes h_j and token j + 1: catch up to j = start - 1
+            self.seen = min(self.seen, start - 1)  # a banned word's rollback may have taken back what it saw
             first, features = self.seen, self.features[self.seen:start]  # (q, hidden)
             ids, self.seen = self.tokens[self.seen + 1:start + 1], start
         else:

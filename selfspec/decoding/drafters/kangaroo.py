@@ -68,7 +68,8 @@ class KangarooDrafter(ExitPolicyDrafter):
 
     def draft(self, tokens: list[int], max_tokens: int) -> Draft:
         cache = self.cache
-        adapted = self.verified  # the adapter's entries from here on came from the last draft: recompute them
+        # the adapter's entries from here on came from the last draft (or a banned word rolled them back): redo them
+        adapted = min(self.verified, len(tokens) - 1)
 
         def next_logits(ids, start):
             nonlocal adapted
