@@ -3,14 +3,18 @@ config, build the typed settings, run the task; `selfspec strategies` lists the 
 configs ship inside the package (selfspec/conf, a link to the checkout's conf/ that a wheel copies), so the command
 finds them from any directory."""
 
+import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import CompactHydraException, MissingConfigException
 from omegaconf import OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 
-from selfspec.errors import SelfspecError
+from selfspec.errors import SelfspecError, print_warnings_as_lines
 
 CONF = Path(__file__).resolve().parent / "conf"
 
@@ -20,7 +24,11 @@ def main() -> None:
         print_strategies()
         return
     check_run_dir(sys.argv[1:])
-    run_task()
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises a bad override's error here instead of printing its own
+    try:
+        run_task()
+    except CompactHydraException as error:  # Hydra could not compose a config from the command line
+        fail(composition_error(error))
 
 
 def print_strategies() -> None:
@@ -41,14 +49,34 @@ def run_task(cfg) -> None:
     from selfspec.settings import from_config, launch_settings
 
     tasks = {"evaluate": run, "train_draft": train, "serve": serve}
+    print_warnings_as_lines()  # here, not in main(): a launcher's job runs in a process of its own
     try:
         settings = from_config(cfg)
         settings.launch = launch_settings(HydraConfig.get())
         print(OmegaConf.to_yaml(cfg, resolve=True))
         tasks[settings.task](settings, Path(HydraConfig.get().runtime.output_dir))
     except SelfspecError as error:
-        print(f"selfspec: error: {str(error).splitlines()[0]}", file=sys.stderr)
-        sys.exit(2)
+        fail(str(error))
+
+
+def fail(message: str) -> NoReturn:
+    """End the command with the message's first line as one `selfspec: error:` line and exit status 2."""
+    print(f"selfspec: error: {message.splitlines()[0]}", file=sys.stderr)
+    sys.exit(2)
+
+
+def composition_error(error: CompactHydraException) -> str:
+    """Hydra's error about the command line as one line: an unknown group option with the group's options, an
+    unknown key with the closest known one, anything else its first line."""
+    from selfspec.settings.typed import unknown_key
+
+    if isinstance(error, MissingConfigException) and error.options is not None:
+        group, _, option = error.missing_cfg_file.rpartition("/")
+        return f"{group}={option} is unknown; allowed: {', '.join(error.options)}"
+    cause = error.__cause__
+    if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.parent_node is not None:
+        return unknown_key(cause.full_key[:-len(str(cause.key))], str(cause.key), cause.parent_node)
+    return str(error)
 
 
 def check_run_dir(argv: list[str]) -> None:
@@ -60,5 +88,4 @@ def check_run_dir(argv: list[str]) -> None:
             try:
                 check_output_dir(Path(arg.split("=", 1)[1]))
             except SelfspecError as error:
-                print(f"selfspec: error: {error}", file=sys.stderr)
-                sys.exit(2)
+                fail(str(error))

@@ -56,3 +56,12 @@ def test_python_m_selfspec_strategies_lists_every_registered_strategy_one_a_line
     assert result.returncode == 0, result.stderr[-2000:]
     assert [line.split(maxsplit=1) for line in result.stdout.splitlines()] == [
         [spec.name, spec.description] for spec in REGISTRY.values()]
+
+
+def test_a_run_that_fails_on_its_prompts_after_loading_prints_only_its_error_line_on_stderr(tmp_path):
+    (tmp_path / "long.jsonl").write_text(json.dumps({"question_id": "long", "turns": ["word " * 1000]}) + "\n")
+    result = run_command(tmp_path, "model=tiny_llama", "logger=none", "data=jsonl", "data.path=long.jsonl",
+                         "hydra.run.dir=out")
+    assert result.returncode == 2
+    assert result.stderr.startswith("selfspec: error: prompt 'long' is") and result.stderr.count("\n") == 1
+    assert result.stdout.startswith("model:\n  name: tiny_llama")  # the resolved config goes to stdout

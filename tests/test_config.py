@@ -1,10 +1,13 @@
 """Every option of every config group composes, and bad values end with a one-line message."""
 
+import sys
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+
+from selfspec.cli import main
 
 from helpers import run_py
 
@@ -61,7 +64,22 @@ def test_bad_values_end_with_one_clear_line(tmp_path, overrides, message):
     assert "Traceback" not in result.stderr
 
 
-def test_unknown_group_option_lists_the_allowed_ones(tmp_path):
+def test_an_unknown_group_option_ends_run_py_with_one_line(tmp_path):
     result = run_py("model=gpt5", f"hydra.run.dir={tmp_path}", timeout=300)
-    assert result.returncode != 0 and "Could not find 'model/gpt5'" in result.stderr
-    assert "smollm2" in result.stderr and "Traceback" not in result.stderr
+    assert result.returncode == 2
+    assert result.stderr == f"selfspec: error: model=gpt5 is unknown; allowed: {', '.join(options('model'))}\n"
+
+
+@pytest.mark.parametrize("override,message", [
+    ("model=gpt5", f"model=gpt5 is unknown; allowed: {', '.join(options('model'))}"),
+    ("draft=nope", "draft=nope is unknown; allowed: adaptive, cost, fixed, threshold"),
+    ("sampling.temprature=0.5", "sampling.temprature is not a known key; did you mean sampling.temperature?"),
+    ("hydra.run.dirr=x", "hydra.run.dirr is not a known key; did you mean hydra.run.dir?"),
+    ("sampling.zzz=1", "sampling.zzz is not a known key; see conf/ for the allowed keys"),
+])
+def test_an_unknown_option_or_key_on_the_command_line_is_one_line(tmp_path, monkeypatch, capsys, override, message):
+    monkeypatch.setattr(sys, "argv", ["run.py", override, f"hydra.run.dir={tmp_path}"])
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)  # main() sets it; this puts it back after the test
+    with pytest.raises(SystemExit) as stop:
+        main()
+    assert stop.value.code == 2 and capsys.readouterr().err == f"selfspec: error: {message}\n"

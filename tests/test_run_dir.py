@@ -1,14 +1,17 @@
-"""The run directory's files: whole-line records, atomic rewrites, a full disk, a torn last line, settings that
-must match for resume=true, and an earlier run's files kept."""
+"""The run directory's files: whole-line records, atomic rewrites, a full disk, a torn last line (one
+`selfspec: warning:` line), settings that must match for resume=true, and an earlier run's files and log kept."""
 
 import errno
 import json
+import logging
 import os
+import warnings
 from pathlib import Path
 
 import pytest
 
-from selfspec.errors import SelfspecError
+from selfspec.errors import SelfspecError, SelfspecWarning
+from selfspec.evaluation import summarize as summarize_cli
 from selfspec.records import run_dir
 from selfspec.records.prompt_records import read_jsonl
 from selfspec.records.run_dir import append_line, check_output_dir, differing_keys, open_run_dir, write_file
@@ -64,7 +67,7 @@ def test_a_failed_rewrite_leaves_the_earlier_file_and_no_temporary(tmp_path, mon
 def test_a_torn_last_line_is_skipped_with_a_warning_but_a_bad_whole_line_is_an_error(tmp_path):
     path = tmp_path / "records.jsonl"
     path.write_text('{"i": 0}\n{"i": 1}\n{"i": 2, "tex')
-    with pytest.warns(UserWarning, match="records.jsonl:3: skipped a torn last line"):
+    with pytest.warns(SelfspecWarning, match="records.jsonl:3: skipped a torn last line"):
         assert read_jsonl(path) == [{"i": 0}, {"i": 1}]
     path.write_text('{"i": 0}\n{"i": 1\n')  # a whole line that is not JSON: corrupt, not torn
     with pytest.raises(SelfspecError, match="records.jsonl:2: not a JSON line"):
@@ -77,10 +80,23 @@ def test_resume_cuts_a_torn_tail_off_before_appending(tmp_path):
     open_run_dir(tmp_path, SETTINGS, resume=False)
     records = tmp_path / "records.jsonl"
     records.write_text('{"i": 0}\n{"i": 1, "te')
-    with pytest.warns(UserWarning, match="dropped a torn last line"):
+    with pytest.warns(SelfspecWarning, match="dropped a torn last line"):
         assert open_run_dir(tmp_path, {**SETTINGS, "resume": True}, resume=True)
     append_line(records, '{"i": 1}')
     assert read_jsonl(records) == [{"i": 0}, {"i": 1}]
+
+
+def test_an_entry_points_warning_is_one_selfspec_warning_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(warnings, "formatwarning", warnings.formatwarning)  # main() sets it; put back after the test
+    records = tmp_path / "records.jsonl"
+    records.write_text('{"strategy": "pl')
+    with pytest.warns(SelfspecWarning) as caught, pytest.raises(SystemExit):
+        summarize_cli.main([str(tmp_path)])  # python -m selfspec.summarize: the torn line was its only one
+    shown = warnings.formatwarning(caught[0].message, caught[0].category, caught[0].filename, caught[0].lineno)
+    assert shown == f"selfspec: warning: {records}:1: skipped a torn last line (an interrupted write)\n"
+    other = warnings.formatwarning(UserWarning("not ours"), UserWarning, "lib.py", 3)
+    assert other.startswith("lib.py:3: UserWarning: not ours")  # other packages' warnings print as Python has them
+    assert capsys.readouterr().err == f"selfspec: error: {records} holds no records yet; nothing to summarize\n"
 
 
 def test_resume_refuses_records_of_other_settings_naming_the_keys(tmp_path):
@@ -120,6 +136,23 @@ def test_a_rerun_without_resume_keeps_the_earlier_runs_files(tmp_path):
     old_settings = next(p for name, p in kept.items() if name.startswith("settings-"))
     assert json.loads(old_settings.read_text()) == SETTINGS
     assert json.loads((tmp_path / "settings.json").read_text())["seed"] == 5
+
+
+def test_a_rerun_keeps_the_earlier_runs_log_and_logs_into_a_new_one(tmp_path):
+    log = tmp_path / "selfspec.log"
+    handler = logging.FileHandler(log)  # as Hydra opens the job log before the run begins
+    logging.getLogger().addHandler(handler)
+    try:
+        open_run_dir(tmp_path, SETTINGS, resume=False)
+        assert [p.name for p in tmp_path.glob("selfspec*.log")] == ["selfspec.log"]  # a first run's own log stays
+        logging.getLogger().warning("the earlier run")
+        open_run_dir(tmp_path, {**SETTINGS, "seed": 5}, resume=False)
+        logging.getLogger().warning("this run")
+    finally:
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+    (kept,) = [p for p in tmp_path.glob("selfspec-*.log")]
+    assert kept.read_text() == "the earlier run\n" and log.read_text() == "this run\n"
 
 
 def test_an_output_directory_under_a_file_or_read_only_is_one_line(tmp_path, monkeypatch):

@@ -31,7 +31,7 @@ def test_searched_skip_path_wins_over_the_models_set():
     (["warmup=maybe"], "warmup=maybe is not allowed; it must be true or false"),
     (["kangaroo.exit_layer=2.5"], "kangaroo.exit_layer=2.5 is not allowed; it must be an integer"),
     (["skip.attn=[a]"], "skip.attn[0]=a is not allowed; it must be an integer"),
-    (["+sampling.tempreature=1"], "sampling.tempreature is not a known key"),
+    (["+sampling.tempreature=1"], "sampling.tempreature is not a known key; did you mean sampling.temperature?"),
     (["data=jsonl"], "data.path is not set"),
     (["model.dtype=fp8"], "model.dtype='fp8' is unknown; allowed: float32, bfloat16, float16, float64"),
     (["logger.mode=cloud"], "logger.mode='cloud' is unknown; allowed: offline, online, disabled"),

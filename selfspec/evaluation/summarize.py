@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from selfspec.errors import SelfspecError
+from selfspec.errors import SelfspecError, print_warnings_as_lines
 from selfspec.records.prompt_records import markdown_table, read_records, summarize, verdict
 from selfspec.records.run_dir import RECORDS_FILE, SETTINGS_FILE, write_file
 from selfspec.records.runs import sampling_label
@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m selfspec.summarize", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", type=Path, help="a run's output folder (holds records.jsonl)")
     args = parser.parse_args(argv)
+    print_warnings_as_lines()
     try:
         print(summarize_run(args.run_dir))
     except SelfspecError as error:

@@ -9,7 +9,7 @@ import argparse
 from pathlib import Path
 
 from selfspec import plots
-from selfspec.errors import SelfspecError
+from selfspec.errors import SelfspecError, print_warnings_as_lines
 from selfspec.records.runs import SAMPLE_RECORDS, latest, load_runs, load_search
 from selfspec.records.wandb_logger import start_run
 from selfspec.settings import LoggerSettings
@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", default=None, help="where figures go (default: <outputs>/figures)")
     parser.add_argument("--wandb", action="store_true", help="also log the figures to an offline W&B run")
     args = parser.parse_args(argv)
+    print_warnings_as_lines()
     import matplotlib
 
     matplotlib.use("Agg")

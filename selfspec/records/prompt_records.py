@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from selfspec.decoding.results import RecordedStep, StepRecord
-from selfspec.errors import SelfspecError
+from selfspec.errors import SelfspecError, SelfspecWarning
 from selfspec.records.run_dir import append_line, is_torn
 
 T = typing.TypeVar("T")
@@ -72,7 +72,7 @@ def read_jsonl(path: str | Path, row_type: type[T] = dict) -> list[T]:
     text = Path(path).read_text()
     lines = text.splitlines()
     if is_torn(text):
-        warnings.warn(f"{path}:{len(lines)}: skipped a torn last line (an interrupted write)")
+        warnings.warn(f"{path}:{len(lines)}: skipped a torn last line (an interrupted write)", SelfspecWarning)
         lines.pop()
     for number, line in enumerate(lines, start=1):
         if not line.strip():

@@ -3,22 +3,24 @@ other files replaced atomically, the run's settings stored beside its records, a
 
 A run writes `settings.json` (its typed settings) first. `resume=true` continues the records.jsonl already there
 only if settings.json says the same settings wrote it; any other rerun into the folder moves the earlier run's
-files aside to `<name>-<date>-<time><suffix>` before writing its own.
+files, its selfspec.log among them, aside to `<name>-<date>-<time><suffix>` before writing its own.
 """
 
 import errno
 import json
+import logging
 import os
 import time
 import warnings
 from contextlib import suppress
 from pathlib import Path
 
-from selfspec.errors import SelfspecError
+from selfspec.errors import SelfspecError, SelfspecWarning
 
 RECORDS_FILE = "records.jsonl"
 SETTINGS_FILE = "settings.json"
 RUN_FILES = (RECORDS_FILE, "summary.json", "summary.md", SETTINGS_FILE, "model_answer")
+LOG_FILE = "selfspec.log"  # Hydra's job log (hydra.job.name, conf/config.yaml), open in this run's logging
 UNCHECKED_KEYS = ("resume", "spec_bench_answers", "logger", "launch")  # change neither what is decoded nor what is recorded
 
 
@@ -144,23 +146,35 @@ def _flat(tree: dict, prefix: str = "") -> dict:
 
 
 def move_aside(out_dir: Path) -> list[Path]:
-    """Rename the run files in `out_dir` to `<stem>-<date>-<time><suffix>` (the time the last run wrote its
-    records); returns the new paths."""
+    """Rename the run files in `out_dir`, and the log beside them, to `<stem>-<date>-<time><suffix>` (the time the
+    last run wrote its records); returns the new paths. This run's log then starts afresh in selfspec.log."""
     present = [out_dir / name for name in RUN_FILES if (out_dir / name).exists()]
     if not present:
-        return []
+        return []  # a first run: a selfspec.log there is this run's own
     newest = max(path.stat().st_mtime for path in present)
     stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(newest))
+    log = out_dir / LOG_FILE
     moved = []
-    for path in present:
+    for path in present + ([log] if log.exists() else []):
         target = path.with_name(f"{path.stem}-{stamp}{path.suffix}")
         number = 1
         while target.exists():
             target, number = path.with_name(f"{path.stem}-{stamp}-{number}{path.suffix}"), number + 1
         path.rename(target)
         moved.append(target)
+    _reopen_log(log)
     print(f"kept the earlier run's files in {out_dir}: {', '.join(p.name for p in moved)}")
     return moved
+
+
+def _reopen_log(path: Path) -> None:
+    """Logging's file handlers on `path` (Hydra's, opened before the run began) write to a new file there: the file
+    they held was moved aside and would otherwise go on collecting this run's lines."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).resolve() == path.resolve():
+            held = handler.setStream(open(path, handler.mode, encoding=handler.encoding))
+            if held is not None:  # None: a delayed handler that had not opened its file yet
+                held.close()
 
 
 def _drop_torn_tail(path: Path) -> None:
@@ -173,6 +187,7 @@ def _drop_torn_tail(path: Path) -> None:
         append_line(path, "")
         return
     keep = text.rfind("\n") + 1
-    warnings.warn(f"{path}: dropped a torn last line ({len(text) - keep} characters of an interrupted write)")
+    warnings.warn(f"{path}: dropped a torn last line ({len(text) - keep} characters of an interrupted write)",
+                  SelfspecWarning)
     with open(path, "r+") as f:
         f.truncate(len(text[:keep].encode()))

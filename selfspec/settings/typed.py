@@ -1,6 +1,7 @@
 """From config nodes to typed dataclasses (`typed`), the range checks the dataclasses run, and `named`, which puts
 the config key in front of a core module's error; CONF, where the config's YAML files are."""
 
+import difflib
 import re
 from contextlib import contextmanager
 from pathlib import Path
@@ -73,12 +74,19 @@ def named_error(error: SelfspecError, key: str) -> SelfspecError:
     return SelfspecError(f"{key}{'.' if about_a_field else ': '}{message}")
 
 
+def unknown_key(prefix: str, key: str, known) -> str:
+    """`<prefix><key> is not a known key`, and the closest of the `known` keys beside it (a typo's fix) if any."""
+    close = difflib.get_close_matches(key, [str(name) for name in known], n=1)
+    hint = f"did you mean {prefix}{close[0]}?" if close else "see conf/ for the allowed keys"
+    return f"{prefix}{key} is not a known key; {hint}"
+
+
 def type_error(error: OmegaConfBaseException, prefix: str) -> str:
     where = f"{prefix}{error.full_key}" if error.full_key else prefix.rstrip(".") or "config"
     message = str(getattr(error, "msg", error)).splitlines()[0]
     unknown = re.match(r"Key '(.+)' not in '(\w+)'", message)
     if unknown:
-        return f"{prefix}{unknown.group(1)} is not a known key; see conf/ for the allowed keys"
+        return unknown_key(prefix, unknown.group(1), error.parent_node or ())
     if "is not a ListConfig, list or tuple" in message:
         return f"{where} must be a list, e.g. {where}=['...']"
     if re.match(r"Value '.*' is not a valid bool", message):
