@@ -36,11 +36,13 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 /usr/bin/chromedriver:
 	$(SUDO) apt-get update -q && $(SUDO) apt-get install -y -q chromium chromium-driver
 
-test: install /usr/bin/chromedriver  ## Run the test suite
-	$(PY) -m pytest -q $(ARGS)
+# Two pytest workers (pytest-xdist), one thread each: the suite is half run.py subprocesses and tiny models, which
+# one thread serves as well as two, so two workers take about half the time (14 minutes here, 27 in one process).
+test: install /usr/bin/chromedriver  ## Run the test suite (two workers)
+	$(PY) -m pytest -q -n 2 $(ARGS)
 
 test-fast: install  ## Run the tests not marked slow (about 3 minutes; no embedded models, run.py runs or notebooks)
-	$(PY) -m pytest -q -m "not slow" $(ARGS)
+	$(PY) -m pytest -q -n 2 -m "not slow" $(ARGS)
 
 # The searched skip set of self_spec_searched: SEARCHED=<best_skip.yaml>, else `make search`'s result for MODEL if
 # there is one, else the model's shipped searched set (model.searched_skip).

@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -11,7 +12,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 sys.path.insert(0, str(Path(__file__).parent))  # test helpers (helpers, wandb_history)
 sys.path.insert(0, str(ROOT / "experiments"))  # experiment scripts (sample_records, random_skip_sets)
-torch.set_num_threads(2)
+if os.environ.get("PYTEST_XDIST_WORKER"):  # `pytest -n 2`: one thread a worker (and its run.py subprocesses)
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+else:
+    torch.set_num_threads(2)
 
 
 @pytest.fixture(autouse=True)

@@ -193,3 +193,17 @@ def watched_steps(rules, tokenizer, pieces: list[str]):
 def printable(text: str) -> bool:
     """Printable ASCII without whitespace: text a random model's bytes decode to as written."""
     return text.isascii() and text.isprintable() and not any(c.isspace() for c in text)
+
+
+def main_in_process(monkeypatch, capsys, *overrides: str) -> tuple[int, str]:
+    """run.py's main() in this process (a subprocess costs seconds of imports): its exit status and stderr."""
+    from selfspec.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["run.py", *overrides])
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)  # main() sets it; this puts it back after the test
+    try:
+        main()
+        code = 0
+    except SystemExit as stop:
+        code = stop.code
+    return code, capsys.readouterr().err

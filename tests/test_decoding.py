@@ -244,7 +244,7 @@ def test_speculative_sampling_matches_the_full_models_distribution(drafter_kind)
                "hybrid": HybridDrafter(NgramDrafter(model, 2, 2), skip_drafter)}[drafter_kind]
     exact = exact_pair_distribution(model, prompt, settings)
     gen = torch.Generator().manual_seed(0)
-    n, counts, drafted, accepted, sources = 3000, {}, 0, 0, set()
+    n, counts, drafted, accepted, sources = 2000, {}, 0, 0, set()
     for _ in range(n):
         result = generate(model, prompt, settings, drafter, generator=gen)
         key = tuple(result.new_tokens[1:3])
@@ -281,7 +281,7 @@ def test_speculative_sampling_with_a_reduced_draft_vocabulary_is_exact():
     drafter = SelfDrafter(model, make_skip_set([], [], 2), DraftExit(2), head)
     exact = exact_pair_distribution(model, [5, 40, 77], settings)
     gen = torch.Generator().manual_seed(1)
-    n, counts = 3000, {}
+    n, counts = 2000, {}
     for _ in range(n):
         key = tuple(generate(model, [5, 40, 77], settings, drafter, generator=gen).new_tokens[1:3])
         counts[key] = counts.get(key, 0) + 1

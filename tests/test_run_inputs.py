@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import run_py
+from helpers import main_in_process, run_py
 
 pytestmark = pytest.mark.slow  # run.py in a subprocess
 
@@ -38,9 +38,11 @@ def test_spec_bench_questions_decode_and_a_long_prompt_is_truncated_and_counted(
     ('{"text": "hi", "label": 1}\n', [], "no prompt format fits fields ['label', 'text']"),
     ('{"turns": ["hi"]}\n', ["data.format=alpaca"], "format alpaca needs instruction; found fields ['turns']"),
 ])
-def test_bad_prompt_files_end_in_one_error_line(tmp_path, file_text, overrides, message):
+def test_bad_prompt_files_end_in_one_error_line(tmp_path, monkeypatch, capsys, file_text, overrides, message):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(file_text)
-    assert message in error_line(run_py(*TINY_RUN, "data=jsonl", f"data.path={prompts}", *overrides,
-                                         out_dir=tmp_path / "run"))
+    code, stderr = main_in_process(monkeypatch, capsys, *TINY_RUN, "data=jsonl", f"data.path={prompts}", *overrides,
+                                   f"hydra.run.dir={tmp_path / 'run'}")
+    assert code == 2 and "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1].startswith("selfspec: error: ") and message in stderr
 

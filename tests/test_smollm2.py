@@ -32,10 +32,16 @@ def prompts(smollm2):
     return [encode_prompt(smollm2.tokenizer, p) for p in chosen]
 
 
-def test_plain_greedy_equals_hf_generate(smollm2, prompts):
+@pytest.fixture(scope="module")
+def plain(smollm2, prompts):
+    """Plain greedy decoding's outputs of the prompts, which every test here compares with."""
+    return [generate(smollm2.model, ids, SETTINGS, end_ids=(smollm2.tokenizer.eos_token_id,)).new_tokens
+            for ids in prompts]
+
+
+def test_plain_greedy_equals_hf_generate(smollm2, prompts, plain):
     model, eos = smollm2.model, smollm2.tokenizer.eos_token_id
-    for ids in prompts:
-        ours = generate(model, ids, SETTINGS, end_ids=(eos,)).new_tokens
+    for ids, ours in zip(prompts, plain):
         theirs = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
                                 max_new_tokens=48, do_sample=False, eos_token_id=eos, pad_token_id=eos)
         assert ours == theirs[0, len(ids):].tolist()
@@ -45,23 +51,21 @@ def test_plain_greedy_equals_hf_generate(smollm2, prompts):
     ([3, 4, 5, 6, 7, 8, 26, 28], [], AdaptiveExit(12, 0.8, **default_settings().draft.adaptive_options)),
     ([10, 12, 14, 16, 18, 20], [10, 12, 14, 16, 18, 20], DraftExit(4)),
 ])
-def test_self_speculative_greedy_equals_plain(smollm2, prompts, attn, mlp, policy):
+def test_self_speculative_greedy_equals_plain(smollm2, prompts, plain, attn, mlp, policy):
     model, eos = smollm2.model, smollm2.tokenizer.eos_token_id
-    for ids in prompts:
-        plain = generate(model, ids, SETTINGS, end_ids=(eos,)).new_tokens
+    for ids, expected in zip(prompts, plain):
         result = generate(model, ids, SETTINGS, SelfDrafter(model, make_skip_set(attn, mlp, 30), policy),
                           end_ids=(eos,))
-        assert result.new_tokens == plain
+        assert result.new_tokens == expected
         assert result.drafted > 0
 
 
-def test_the_shipped_feature_head_drafts_losslessly_and_gets_accepted(smollm2, prompts):
+def test_the_shipped_feature_head_drafts_losslessly_and_gets_accepted(smollm2, prompts, plain):
     model, eos = smollm2.model, smollm2.tokenizer.eos_token_id
     drafter = HeadDrafter(model, HeadFeatures(model, load_feature_head("shipped", model)), DraftExit(3))
     drafted = accepted = 0
-    for ids in prompts:
-        plain = generate(model, ids, SETTINGS, end_ids=(eos,)).new_tokens
+    for ids, expected in zip(prompts, plain):
         result = generate(model, ids, SETTINGS, drafter, end_ids=(eos,))
-        assert result.new_tokens == plain
+        assert result.new_tokens == expected
         drafted, accepted = drafted + result.drafted, accepted + result.accepted
     assert accepted / drafted > 0.1  # measured 0.14 (54 of 386, 3-token chains); an untrained head: ~0

@@ -286,7 +286,7 @@ def test_sampling_with_a_banned_word_follows_plain_decodings_distribution(tokeni
     drafter = SelfDrafter(model, make_skip_set([1], [2], 4), DraftExit(2))
     generator = torch.Generator().manual_seed(0)
     counts, rollbacks = {}, 0
-    for _ in range(3000):
+    for _ in range(2000):
         result = generate(model, prompt, settings, drafter, generator=generator, rules=rules)
         counts[tuple(result.new_tokens)] = counts.get(tuple(result.new_tokens), 0) + 1
         rollbacks += result.rollbacks

@@ -12,7 +12,7 @@ from selfspec.models.tiny import tiny_model
 from selfspec.training.draft_data import generate_sequences, sequence_states, train_prompts
 from selfspec.training.train_draft import fit, new_part, training_rows
 
-from helpers import run_py, run_settings
+from helpers import main_in_process, run_py, run_settings
 
 TINY_RUN = ["model=tiny_llama", "model.dtype=float64", "logger=none"]  # every run.py call here starts with these
 SMALL = ["train.sets=[chat]", "train.prompts_per_set=4", "train.samples_per_prompt=2", "train.max_new_tokens=12",
@@ -130,7 +130,6 @@ def test_run_py_trains_and_benchmarks_kangaroo(tmp_path):
     assert summary["kangaroo"]["outputs_match_plain"] == 1.0 and summary["kangaroo"]["acceptance_rate"] is not None
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("overrides,message", [
     (["strategies=[plain,kangaroo]", "kangaroo.adapter_path=nope.pt"], "kangaroo.adapter_path='nope.pt' does not exist"),
     (["strategies=[plain,self_spec_head]"], "strategy self_spec_head needs draft.head="),
@@ -140,7 +139,7 @@ def test_run_py_trains_and_benchmarks_kangaroo(tmp_path):
     (["experiment=train_draft", "train.epochs=0"], "epochs=0 is out of range"),
     (["task=fly"], "task='fly' is unknown; allowed: evaluate, train_draft"),
 ])
-def test_bad_training_values_end_with_one_clear_line(tmp_path, overrides, message):
-    result = run_py(*TINY_RUN, "data.limit=1", f"hydra.run.dir={tmp_path}", *overrides, timeout=300)
-    assert result.returncode != 0 and message in result.stderr
-    assert "Traceback" not in result.stderr
+def test_bad_training_values_end_with_one_clear_line(tmp_path, monkeypatch, capsys, overrides, message):
+    code, stderr = main_in_process(monkeypatch, capsys, *TINY_RUN, "data.limit=1", f"hydra.run.dir={tmp_path}",
+                                   *overrides)
+    assert code == 2 and message in stderr.strip().splitlines()[-1] and "Traceback" not in stderr

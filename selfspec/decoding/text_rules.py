@@ -78,6 +78,11 @@ class TextRules:
     banned: WordFinder | None = None
     stop: WordFinder | None = None
 
+    @property
+    def state_chars(self) -> int:
+        """The characters of text before a new token that matching reads (at least one)."""
+        return max([1] + [finder.state_chars for finder in (self.banned, self.stop) if finder])
+
     def held_chars(self, text: str) -> int:
         """How many characters at the end of `text` may still begin a banned word or a stop string."""
         return max((finder.open_prefix(text) for finder in (self.banned, self.stop) if finder), default=0)
@@ -125,13 +130,15 @@ class OutputWatch:
         that completes a stop string, stop."""
         for count, token in enumerate(new, 1):
             piece, split = self._piece(self.ids, token)
+            start = len(self.text)  # where the token's text begins
             banned = self.rules.banned and self.rules.banned.first(self.text, piece)
+            stop = self.rules.stop and self.rules.stop.first(self.text, piece)
             self._append(token, piece, split)
             if banned:
                 before = len(self.ids)
-                self._roll_back(self._token_at(self.ends[-1] - len(piece) + banned[0]))
+                self._roll_back(self._token_at(start + banned[0]))
                 return Verdict(count, before - len(self.ids))
-            if self.rules.stop and self.rules.stop.first(self.text[:len(self.text) - len(piece)], piece):
+            if stop:
                 return Verdict(count, stopped=True)
         return Verdict(len(new))
 
@@ -139,7 +146,7 @@ class OutputWatch:
         """How many of a chain draft's tokens to verify: through the first that completes a banned word or a stop
         string (the rest would be rolled back or cut). Not before it: with sampling, dropping a drafted token for
         its value would bias what the verifier emits there."""
-        ids, text = list(self.ids), self.text
+        ids, text = self.ids[-WINDOW:], self.text[-self.rules.state_chars:]  # no more is read
         for count, token in enumerate(draft, 1):
             piece, _ = self._piece(ids, token)
             if any(finder and finder.first(text, piece) for finder in (self.rules.banned, self.rules.stop)):
@@ -151,7 +158,7 @@ class OutputWatch:
     def _piece(self, ids: list[int], token: int) -> tuple[str, bool]:
         """The text `token` adds after `ids`, and whether it ends inside a character (then its text is "" and comes
         with the token that completes the character)."""
-        window = (self.prompt_end + ids)[-WINDOW:]
+        window = (self.prompt_end + ids[-WINDOW:])[-WINDOW:]
         before, after = self.rules.decode(window), self.rules.decode(window + [token])
         if after.endswith("\ufffd"):
             return "", True

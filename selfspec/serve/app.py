@@ -34,7 +34,7 @@ class BadRequest(Exception):
 
 
 def make_app(decoders: dict[str, SelfSpeculativeDecoder], model_name: str, serve: ServeSettings,
-             sampling: SamplingSettings, constraints: ConstraintSettings = ConstraintSettings()) -> FastAPI:
+             sampling: SamplingSettings, constraints: ConstraintSettings) -> FastAPI:
     """`decoders`: strategy name -> decoder over the one model; requests use serve.strategy unless they name
     another (`"strategy": "plain"`); `sampling` and `constraints`: the defaults of what a request leaves out."""
     app = FastAPI(title="selfspec", docs_url=None, redoc_url=None)

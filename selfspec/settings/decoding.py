@@ -22,7 +22,7 @@ class SamplingSettings:
     top_p: float
     repetition_penalty: float
     max_new_tokens: int
-    stop: tuple[str, ...] = ()  # the output ends with the token that completes one of these; its text before it
+    stop: tuple[str, ...]  # the output ends with the token that completes one of these; its text before it
 
     def __post_init__(self):
         object.__setattr__(self, "stop", tuple(self.stop))  # OmegaConf gives a list
@@ -58,8 +58,8 @@ def check_banned_words(words) -> None:
 @dataclass(frozen=True)
 class ConstraintSettings:
     """The `constraints` keys: words the output may not contain (decoding/text_rules.py)."""
-    banned_words: tuple[str, ...] = ()
-    case_sensitive: bool = False
+    banned_words: tuple[str, ...]
+    case_sensitive: bool
 
     def __post_init__(self):
         object.__setattr__(self, "banned_words", tuple(self.banned_words))  # OmegaConf gives a list
