@@ -83,6 +83,12 @@ def test_a_word_completed_by_a_later_step_rolls_back_past_the_previous_step(llam
     assert verdict.kept == 1 and verdict.rolled_back == 3 and rules.text == "hot "
 
 
+def test_a_word_completed_by_a_steps_bonus_token_rolls_back_the_accepted_drafts_too(llama, tokenizer):
+    rules = watch(llama, tokenizer, banned=["xyz"])
+    verdict = rules.settle(ids(tokenizer, "axyz"))  # accepted drafts "axy", then the verifier's own "z"
+    assert (verdict.kept, verdict.rolled_back) == (4, 3) and rules.text == "a"
+
+
 def test_a_rollback_to_the_prompt_boundary_and_past_an_exhausted_position(llama, tokenizer):
     rules = watch(llama, tokenizer, banned=["q"])
     assert rules.settle(ids(tokenizer, "q")).rolled_back == 1 and rules.ids == []
