@@ -137,8 +137,7 @@ class SelfSpeculativeDecoder:
         tokens = []
         for chunk in self.stream(ids, max_new_tokens, temperature, top_p, top_k, repetition_penalty, seed, stop,
                                  banned_words, case_sensitive, logprobs):
-            del tokens[len(tokens) - chunk.retracted:]
-            tokens += chunk.tokens
+            chunk.onto(tokens)
         return Completion("".join(t.text for t in tokens), [t.id for t in tokens], [t.source for t in tokens],
                           len(ids), chunk.finish_reason, chunk.stats,
                           [t.logprob for t in tokens] if logprobs is not None else None)

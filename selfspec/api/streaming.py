@@ -82,6 +82,11 @@ class Chunk:
     def text(self) -> str:
         return "".join(token.text for token in self.tokens)
 
+    def onto(self, reply: list[Token]) -> None:
+        """Take the retracted tokens off the end of `reply` (the tokens handed out so far), then add this chunk's."""
+        del reply[len(reply) - self.retracted:]
+        reply += self.tokens
+
 
 def token_sources(new: list[int], step: StepRecord | None) -> list[str]:
     """Where each of a step's new tokens came from: its accepted draft tokens first, then the verifier's."""

@@ -42,6 +42,11 @@ class Emitted:
     stopped: bool = False  # a stop string completed: the output ends here
     open_tokens: int = 0  # tokens at the output's end that a banned word may still roll back (streams hold them)
 
+    def onto(self, output: list[int]) -> None:
+        """Add this step's tokens to `output`, then take the rolled-back ones off its end."""
+        output += self.tokens
+        del output[len(output) - self.rolled_back:]
+
 
 def verify_greedy(draft_tokens: list[int], target_scores: torch.Tensor) -> tuple[int, int]:
     """Accept drafts while they equal the full model's argmax; return (accepted, next token).
@@ -83,8 +88,7 @@ def generate(model, prompt: list[int], settings: SamplingSettings, drafter: Draf
     start = clock(device)
     new_tokens, steps, prefill_s, rollbacks = [], [], 0.0, 0
     for emitted in decode_steps(model, prompt, settings, drafter, end_ids, generator, target_gate, rules):
-        new_tokens += emitted.tokens
-        del new_tokens[len(new_tokens) - emitted.rolled_back:]
+        emitted.onto(new_tokens)
         rollbacks += emitted.rolled_back > 0
         if emitted.step is None:
             prefill_s = clock(device) - start
@@ -115,8 +119,7 @@ def decode_steps(model, prompt: list[int], settings: SamplingSettings, drafter: 
     tokens = list(prompt)
     while True:
         emitted = settled(context, emitted)
-        tokens += emitted.tokens
-        del tokens[len(tokens) - emitted.rolled_back:]
+        emitted.onto(tokens)
         context.cache.rewind(len(tokens) - 1)  # short of the step's own rewind after a rollback or a stop
         yield emitted
         generated = len(tokens) - len(prompt)

@@ -149,8 +149,7 @@ def make_app(decoders: dict[str, SelfSpeculativeDecoder], model_name: str, serve
             try:
                 while True:  # the last chunk has a finish_reason
                     chunk = await run_in_threadpool(next, chunks)
-                    del tokens[len(tokens) - chunk.retracted:]
-                    tokens += chunk.tokens
+                    chunk.onto(tokens)
                     if chunk.finish_reason is not None:
                         return reply.whole(tokens, chunk.finish_reason, chunk.stats)
                     if await request.is_disconnected():
