@@ -12,7 +12,8 @@ from hydra import compose, initialize_config_dir
 from scipy.stats import chisquare
 
 from selfspec.decoding.sampling import logits_processor, scores
-from selfspec.decoding.speculative import Emitted, settled
+from selfspec.decoding.speculative import settled
+from selfspec.decoding.verify import Emitted
 from selfspec.decoding.text_rules import OutputWatch
 from selfspec.models.tiny import byte_tokenizer
 from selfspec.models.cache import forward, new_cache

@@ -37,6 +37,9 @@ class PayingCosts:
     def costs_of(self, key, measure_draft_ms) -> DraftCosts:
         return self.costs(key)
 
+    def for_batch(self, rows: int) -> "PayingCosts":
+        return self
+
 
 @pytest.fixture(scope="module")
 def drafting_inputs(tiny, tokenizer, tmp_path_factory):
@@ -64,6 +67,19 @@ def test_every_strategy_matches_plain(name, tiny, tokenizer, prompt, drafting_in
         assert result.new_tokens == generate(tiny, ids, GREEDY).new_tokens, tokenizer.decode(ids)
         drafted += result.drafted
     assert drafted > 0 or strategy.drafter is None  # a strategy that never drafted would pass by decoding plainly
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("name", [spec.name for spec in REGISTRY.values() if not spec.hf_baseline])
+def test_every_strategy_matches_plain_in_a_batch(name, tiny, tokenizer, prompt, drafting_inputs):
+    """Three prompts of different lengths decode together (decoding/batch.py): each row equals its batch-1 plain
+    decoding, whatever its neighbours draft and accept."""
+    strategy = make_strategy(name, tiny, GREEDY, (), **drafting_inputs)
+    prompts = [prompt, *(tokenizer(text).input_ids for text in TEXTS)]
+    results = strategy.generate_batch(prompts)
+    for ids, result in zip(prompts, results):
+        assert result.new_tokens == generate(tiny, ids, GREEDY).new_tokens, tokenizer.decode(ids)
+    assert sum(result.drafted for result in results) > 0 or strategy.drafter is None
 
 
 @pytest.mark.usefixtures("one_thread")

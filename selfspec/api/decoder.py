@@ -18,7 +18,7 @@ import torch
 
 from selfspec.api.streaming import Chunk, DecodingStats, stream_chunks
 from selfspec.data.prompt_sets import as_token_ids, calibration_texts
-from selfspec.decoding.speculative import TokenLogprob
+from selfspec.decoding.verify import TokenLogprob
 from selfspec.decoding.strategies import REGISTRY, Strategy, make_strategy
 from selfspec.decoding.text_rules import text_rules
 from selfspec.errors import SelfspecError

@@ -13,7 +13,7 @@ from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from selfspec.decoding.results import StepRecord
-from selfspec.decoding.speculative import Emitted, TokenLogprob
+from selfspec.decoding.verify import Emitted, TokenLogprob
 from selfspec.decoding.text_rules import TextRules
 from selfspec.timing import clock
 

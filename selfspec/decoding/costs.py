@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from selfspec.models.batch_cache import BatchCache, forward_batch
 from selfspec.models.cache import forward, forward_hidden, new_cache
 from selfspec.models.devices import execution_device, output_device
 from selfspec.models.draft_head import DraftHead
@@ -99,25 +100,43 @@ class DraftCosts:
 
 class CostMeter:
     """c(q) and the draft-token costs of one model on this machine, each measured on first use (seconds) and kept,
-    so the strategies of a run share one measurement."""
+    so the strategies of a run share one measurement.
 
-    def __init__(self, model, max_q: int, repeats: int = 7):
-        self.model, self.max_q, self.repeats = model, max_q, repeats
+    In a batch of B rows (decoding/batch.py) each row drafts on its own, one after another, and one forward verifies
+    every row: a row's share of that verify is c_B(q) / B, measured with B rows of q tokens (`for_batch`), while a
+    draft token still costs d. So as B grows and a wider forward costs little more, the cost-aware exit weighs
+    each row's draft against a smaller share of a step, and drafts less (nothing where it no longer pays)."""
+
+    def __init__(self, model, max_q: int, repeats: int = 7, rows: int = 1):
+        self.model, self.max_q, self.repeats, self.rows = model, max_q, repeats, rows
         self.verify_ms: tuple[float, ...] | None = None
         self.draft_ms: dict[tuple, float] = {}
+        self.batches: dict[int, CostMeter] = {1: self}
+
+    def for_batch(self, rows: int) -> "CostMeter":
+        """The meter of a row in a batch of `rows` (c_B(q) / B), sharing this one's draft-token costs."""
+        if rows not in self.batches:
+            meter = CostMeter(self.model, self.max_q, self.repeats, rows)
+            meter.draft_ms, meter.batches = self.draft_ms, self.batches
+            self.batches[rows] = meter
+        return self.batches[rows]
+
+    def _measure_verify(self) -> None:
+        if self.verify_ms is None:
+            measured = (measure_verify_ms(self.model, self.max_q, self.repeats) if self.rows == 1 else
+                        measure_batch_verify_ms(self.model, self.max_q, self.rows, self.repeats))
+            self.verify_ms = tuple(measured)
 
     def costs(self, skip: SkipSet | None, head: DraftHead | None = None) -> DraftCosts:
         """The costs of drafting with `skip` (and `head`); skip None: copies, which cost nothing to draft."""
-        if self.verify_ms is None:
-            self.verify_ms = tuple(measure_verify_ms(self.model, self.max_q, self.repeats))
+        self._measure_verify()
         if skip is None:
             return self.costs_of(None, lambda: 0.0)
         return self.costs_of((skip, id(head)), lambda: measure_draft_ms(self.model, skip, head, self.repeats))
 
     def costs_of(self, key, measure_draft_ms) -> DraftCosts:
         """The costs of the drafter `key`, its draft token timed by `measure_draft_ms()` (milliseconds) once."""
-        if self.verify_ms is None:
-            self.verify_ms = tuple(measure_verify_ms(self.model, self.max_q, self.repeats))
+        self._measure_verify()
         if key not in self.draft_ms:
             self.draft_ms[key] = measure_draft_ms()
         return DraftCosts(self.verify_ms, self.draft_ms[key])
@@ -128,7 +147,8 @@ class CostMeter:
             return ""
         verify = ", ".join(f"{q}: {ms:.1f}" for q, ms in enumerate(self.verify_ms, 1))
         drafts = "".join(f"; d {ms:.1f} ms {describe_drafter(key)}" for key, ms in self.draft_ms.items() if key)
-        return f"cost model: c(q) ms {verify}{drafts}"
+        per_row = f" (per row of {self.rows}: c_B(q) / B)" if self.rows > 1 else ""
+        return f"cost model: c(q) ms{per_row} {verify}{drafts}"
 
 
 def describe_drafter(key) -> str:
@@ -166,6 +186,16 @@ def measure_verify_ms(model, max_q: int, repeats: int = REPEATS, cache=None) -> 
     cache = cache or _context_cache(model, max_q)
     return [timed_ms(lambda: forward(model, cache, [5] * q, CONTEXT), output_device(model), repeats)
             for q in range(1, max_q + 1)]
+
+
+def measure_batch_verify_ms(model, max_q: int, rows: int, repeats: int = REPEATS) -> list[float]:
+    """c_B(1..max_q) / B: median milliseconds of one forward of q tokens in each of `rows` rows (B), each after a
+    CONTEXT-token context, divided by B: a row's share of a batch's verify."""
+    cache = BatchCache(model, rows, CONTEXT + max_q)
+    for row in range(rows):
+        forward(model, cache.view(row), [5 + i % 100 for i in range(CONTEXT)], 0)
+    return [timed_ms(lambda: forward_batch(model, cache, [[5] * q] * rows, [CONTEXT] * rows), output_device(model),
+                     repeats) / rows for q in range(1, max_q + 1)]
 
 
 def measure_draft_ms(model, skip: SkipSet, head: DraftHead | None = None, repeats: int = REPEATS) -> float:

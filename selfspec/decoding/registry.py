@@ -6,7 +6,7 @@ gathers those lists into `REGISTRY`, the one table `make_strategy` and `python -
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from selfspec.decoding.costs import CostMeter, DraftCosts
 from selfspec.decoding.draft_exit import CostAwareExit, DraftExit, make_exit_policy
@@ -30,6 +30,11 @@ class StrategyInputs:
     hf: HFSettings | None = None
     kangaroo: KangarooSettings | None = None
     searched: tuple[SkipSet, DraftHead | None] | None = None  # self_spec_searched's skip set and draft head
+
+    def for_batch(self, rows: int) -> "StrategyInputs":
+        """These inputs for a row of a batch of `rows`: the cost-aware exit weighs a row's share of the batch's
+        verify (CostMeter.for_batch)."""
+        return replace(self, costs=self.costs.for_batch(rows))
 
     @property
     def feature_head(self) -> FeatureHead | None:

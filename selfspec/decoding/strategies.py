@@ -5,12 +5,13 @@ implements strategies lists them beside its drafter (decoding/registry.py), and 
 Every drafting strategy takes `draft.target_gate`.
 """
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import torch
 
 from selfspec.decoding import hf_baselines
+from selfspec.decoding.batch import decode_batch_steps, generate_batch
 from selfspec.decoding.costs import CostMeter
 from selfspec.decoding.drafters import (Drafter, feature_head, hybrid, layer_skip, layer_skip_tree, ngram, ngram_tree,
                                        two_model)
@@ -18,7 +19,8 @@ from selfspec.decoding.drafters import kangaroo as kangaroo_drafter
 from selfspec.decoding.hf_baselines import HFStrategy
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
 from selfspec.decoding.results import GenerationResult
-from selfspec.decoding.speculative import Emitted, decode_steps, generate
+from selfspec.decoding.speculative import decode_steps, generate
+from selfspec.decoding.verify import Emitted
 from selfspec.decoding.text_rules import TextRules
 from selfspec.errors import SelfspecError
 from selfspec.models.draft_head import DraftHead
@@ -44,6 +46,27 @@ class Strategy:
     drafter: Drafter | None = None
     target_gate: float | None = None
     rules: TextRules | None = None  # banned words and stop strings (decoding/text_rules.py)
+    new_drafter: Callable[[int], Drafter | None] = lambda rows: None  # a fresh drafter for a row of a batch of rows
+    row_drafters: dict[int, list[Drafter | None]] = field(default_factory=dict, init=False)
+
+    def drafters(self, rows: int) -> list[Drafter | None]:
+        """One drafter per row of a batch of `rows`, kept for the next batch of that size (their draft-exit
+        policies go on learning from one prompt to the next, as the batch-1 drafter's do)."""
+        if rows not in self.row_drafters:
+            self.row_drafters[rows] = [self.new_drafter(rows) for _ in range(rows)]
+        return self.row_drafters[rows]
+
+    def generate_batch(self, prompts: list[list[int]],
+                       generators: list[torch.Generator | None] | None = None) -> list[GenerationResult]:
+        """`generate` for several prompts decoded together (decoding/batch.py): one result per prompt."""
+        return generate_batch(self.model, prompts, self.settings, self.drafters(len(prompts)), self.end_ids,
+                              generators, self.target_gate, self.rules)
+
+    def batch_steps(self, prompts: list[list[int]], generators: list[torch.Generator | None] | None = None,
+                    top_logprobs: int | None = None) -> Iterator[tuple[int, Emitted]]:
+        """`generate_batch` step by step: (prompt index, what it emitted), for streaming."""
+        return decode_batch_steps(self.model, prompts, self.settings, self.drafters(len(prompts)), self.end_ids,
+                                  generators, self.target_gate, self.rules, top_logprobs)
 
     def generate(self, prompt: list[int], generator: torch.Generator | None = None) -> GenerationResult:
         return generate(self.model, prompt, self.settings, self.drafter, self.end_ids, generator,
@@ -80,7 +103,7 @@ def make_strategy(name: str, model, settings: SamplingSettings, end_ids: tuple[i
         return spec.build(inputs)
     drafter = spec.build(inputs)
     return Strategy(name, model, settings, end_ids, drafter, draft.target_gate if drafter is not None else None,
-                    rules)
+                    rules, lambda rows: spec.build(inputs.for_batch(rows)))
 
 
 def cost_meter(model, draft: DraftSettings) -> CostMeter:

@@ -10,10 +10,10 @@ then moves that path's K/V next to the prefix, so the cache holds exactly the ke
 
 import torch
 from transformers import LogitsProcessorList
-from transformers.cache_utils import get_layer_types_and_kwargs
 
 from selfspec.decoding.drafters import Draft
 from selfspec.decoding.sampling import accept_probability, residual, sample
+from selfspec.models.attention_masks import block_mask, block_positions, model_attention_masks
 from selfspec.models.cache import RewindableCache, first_visible
 from selfspec.models.devices import input_device
 from selfspec.models.layouts import base_model
@@ -38,39 +38,22 @@ def children(parents: list[int]) -> list[list[int]]:
     return kids
 
 
+def tree_block(parents: list[int]) -> list[int]:
+    """The parents of [root, nodes...] as one block of a forward (models/attention_masks.py): node i is block token
+    i + 1, the root block token 0."""
+    tree_paths(parents)  # checks the parents
+    return [-1] + [parent + 1 for parent in parents]
+
+
 def tree_attention_mask(parents: list[int], start: int, dtype: torch.dtype, device,
                         sliding_window: int | None = None) -> torch.Tensor:
     """(1, 1, n+1, start-first+n+1) additive mask for [root, nodes...] fed at cache index `start` on: 0 where a row
     may attend (the cache prefix, its ancestors, itself), the dtype's minimum elsewhere. With `sliding_window`, a
-    row at position p sees only keys at positions > p - sliding_window, as transformers' sliding-window mask, and
-    the columns start at cache index first = max(start - sliding_window + 1, 0), where the keys a sliding cache
-    layer hands attention start (models/cache.py); no row could see the keys before. Without it, first = 0."""
-    first = first_visible(start, sliding_window)
-    paths = tree_paths(parents)
-    rows = len(paths)
-    sees_tree = torch.zeros(rows, rows, dtype=torch.bool)  # (n+1, n+1)
-    for row, path in enumerate(paths):
-        sees_tree[row, [0] + [i + 1 for i in path]] = True
-    allowed = torch.cat([torch.ones(rows, start - first, dtype=torch.bool), sees_tree], dim=1)  # (n+1, start-first+n+1)
-    if sliding_window is not None:
-        positions = start + torch.tensor([len(path) for path in paths])  # (n+1,)
-        key_positions = torch.cat([torch.arange(first, start), positions])  # (start-first+n+1,)
-        allowed &= key_positions[None, :] > positions[:, None] - sliding_window
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None].to(device)
-
-
-def model_attention_masks(model, parents: list[int], start: int) -> torch.Tensor | dict:
-    """The mask argument the model's forward takes: one 4D mask (Llama; Mistral's model-wide sliding window), or one
-    per layer type for models that mix them (Gemma-2, Gemma-3 pick `mask[config.layer_types[i]]` per layer)."""
-    config = model.config.get_text_config()
-    full = tree_attention_mask(parents, start, model.dtype, input_device(model))
-    if "sliding_attention" not in get_layer_types_and_kwargs(config)[0]:  # the layer types the cache is built from
-        return full
-    sliding = tree_attention_mask(parents, start, model.dtype, input_device(model), config.sliding_window)
-    if not getattr(config, "layer_types", None):  # one window for every layer: the forward takes one mask
-        return sliding
-    return {"full_attention": full, "sliding_attention": sliding}
+    row at position p sees only keys at positions > p - sliding_window, and the columns start at cache index
+    first = max(start - sliding_window + 1, 0), where the keys a sliding cache layer hands attention start."""
+    block = tree_block(parents)
+    return block_mask([block], [start], start + len(block), dtype, device, sliding_window,
+                      first_visible(start, sliding_window))
 
 
 @torch.inference_mode()
@@ -82,10 +65,11 @@ def forward_tree(model, cache: RewindableCache, root: int, draft: Draft, start: 
         raise RuntimeError(f"cache holds {cache.max_len} positions, asked to write up to {start + len(ids)}")
     cache.rewind(start)
     device = input_device(model)
-    depths = torch.tensor([len(path) for path in tree_paths(draft.parents)], device=device)  # (n+1,)
-    hidden = base_model(model)(input_ids=torch.tensor([ids], device=device), position_ids=(start + depths)[None],
-                         attention_mask=model_attention_masks(model, draft.parents, start),
-                         past_key_values=cache, use_cache=True).last_hidden_state[0]  # (n+1, hidden)
+    block = tree_block(draft.parents)
+    hidden = base_model(model)(input_ids=torch.tensor([ids], device=device),
+                               position_ids=block_positions([block], [start], device),  # (1, n+1)
+                               attention_mask=model_attention_masks(model, [block], [start], start + len(ids), True),
+                               past_key_values=cache, use_cache=True).last_hidden_state[0]  # (n+1, hidden)
     return model_logits(model, hidden)
 
 

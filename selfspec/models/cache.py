@@ -87,12 +87,26 @@ class RewindableCache(Cache):
             raise ValueError(f"{len(windows)} sliding windows for {num_layers} layers")
         super().__init__(layers=[RewindableLayer(max_len, window) for window in windows])
         self.max_len = max_len
+        self.batch = None  # the BatchCache this cache is a row of (models/batch_cache.py); None: a cache of its own
         self.followers: list[torch.Tensor] = []  # (max_len, ...) per-position buffers that `compact` moves too
 
     def follow(self, buffer: torch.Tensor) -> None:
         """Keep `buffer` (max_len, ...), indexed as the cache (e.g. a draft head's features), in step with the
         entries: a tree's accepted path moves in it as in the K/V."""
         self.followers.append(buffer)
+
+    def written_at(self, cache: Cache, width: int) -> tuple[int, int] | None:
+        """Where a forward over `cache` that fed `width` tokens a row put this cache's entries: (row of the forward's
+        batch, first cache index); None when it fed this cache nothing (another generation's forward)."""
+        if cache is self:
+            return 0, self.get_seq_length() - width
+        return self.batch.placement(self) if self.batch is not None and cache is self.batch else None
+
+    def in_use(self, cache: Cache) -> bool:
+        """Whether a forward over `cache` may belong to this cache's generation: over it, or over a cache of its
+        batch (the generation has not ended: its neighbours decode beside it)."""
+        return cache is self or (self.batch is not None and (cache is self.batch or getattr(cache, "batch", None)
+                                                             is self.batch))
 
     def rewind(self, length: int) -> None:
         """Make `length` the valid prefix on every layer: the next forward writes at position `length`."""

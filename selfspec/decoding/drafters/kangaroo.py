@@ -54,17 +54,21 @@ class KangarooDrafter(ExitPolicyDrafter):
         self.hook, self.cache, self.shallow = None, None, None
 
     def _keep_shallow(self, layer, args, kwargs, output) -> None:
-        """Copy layer exit_layer - 1's output (1, q, hidden) into self.shallow at its positions."""
+        """Copy layer exit_layer - 1's output (rows, q, hidden) of our row into self.shallow at its positions."""
         layout = layout_of(self.model)
-        if kwargs.get(layout.cache_kwarg) is not self.cache:  # our generation has ended: another one runs
+        cache = kwargs.get(layout.cache_kwarg)
+        if not self.cache.in_use(cache):  # our generation has ended: another one runs
             self.stop()
             return
         if layout.layer_returns_tuple:
             output = output[0]
+        written = self.cache.written_at(cache, output.shape[1])
+        if written is None:  # a batch neighbour's own forward
+            return
+        row, start = written
         if self.shallow is None:
             self.shallow = output.new_zeros(self.cache.max_len, output.shape[-1])  # (max_len, hidden)
-        start = int(kwargs["position_ids"][0, 0])
-        self.shallow[start:start + output.shape[1]] = output[0]
+        self.shallow[start:start + output.shape[1]] = output[row]
 
     def draft(self, tokens: list[int], max_tokens: int) -> Draft:
         cache = self.cache

@@ -1,0 +1,121 @@
+"""Batched decoding: several generations advance together, each drafting on its own, one full-model forward
+verifying every row's proposal at the row's own length.
+
+Each row is a `Generation` (decoding/speculative.py) over its row of one `BatchCache` (models/batch_cache.py): its
+prefill, its drafter's forwards, rewinds and tree compaction are the batch-1 code on a batch-1 view of that row. A
+step asks every row for its proposal (a draft, or nothing: a plain step), feeds all of them in one forward, and
+hands each row its own logits to verify as at batch size 1, so a row's output is the one it would have alone.
+A row that ends leaves at once (its slot goes to the last row), and a new generation may join between steps
+(`add`): a server batches continuously with this.
+"""
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+import torch
+
+from selfspec.decoding.drafters import Drafter
+from selfspec.decoding.results import GenerationResult
+from selfspec.decoding.speculative import Generation, Tally
+from selfspec.decoding.text_rules import TextRules
+from selfspec.decoding.verify import Emitted
+from selfspec.errors import SelfspecError
+from selfspec.models.batch_cache import BatchCache, forward_batch
+from selfspec.models.devices import output_device
+from selfspec.settings import SamplingSettings
+from selfspec.timing import clock
+
+
+class DecodingBatch:
+    """Up to `capacity` generations of up to `max_len` cache positions each (prompt, output and a verify block)."""
+
+    def __init__(self, model, capacity: int, max_len: int):
+        if capacity < 1:
+            raise SelfspecError(f"a batch holds at least one generation, got capacity {capacity}")
+        self.model = model
+        self.cache = BatchCache(model, capacity, max_len)
+        self.rows: list[Generation] = []  # rows[i] decodes over the cache's row i
+
+    @property
+    def full(self) -> bool:
+        return len(self.rows) == self.cache.capacity
+
+    def add(self, prompt: list[int], settings: SamplingSettings, drafter: Drafter | None = None,
+            end_ids: tuple[int, ...] = (), generator: torch.Generator | None = None,
+            target_gate: float | None = None, rules: TextRules | None = None,
+            top_logprobs: int | None = None) -> tuple[Generation, Emitted]:
+        """A new generation joins: its prefill runs now, alone; it steps with the others from the next `step`."""
+        if self.full:
+            raise SelfspecError(f"the batch is full ({self.cache.capacity} generations)")
+        generation = Generation(self.model, prompt, settings, drafter, end_ids, generator, target_gate, rules,
+                                top_logprobs, cache=self.cache.view(len(self.rows)))
+        emitted = generation.start()
+        if not generation.finished:
+            self.rows.append(generation)
+        return generation, emitted
+
+    def step(self) -> list[tuple[Generation, Emitted]]:
+        """Every row drafts, one forward verifies all rows; returns what each row emitted. Rows that end leave."""
+        proposals = [generation.propose() for generation in self.rows]
+        start = clock(output_device(self.model))  # every row's verification starts with the shared forward
+        proposals = [replace(proposal, verify_start=start) for proposal in proposals]
+        logits = forward_batch(self.model, self.cache, [p.ids for p in proposals], [p.start for p in proposals],
+                               [p.block for p in proposals])
+        emitted = [(generation, generation.conclude(proposal, row_logits))
+                   for generation, proposal, row_logits in zip(self.rows, proposals, logits)]
+        for generation, _ in emitted:
+            if generation.finished:
+                self.remove(generation)
+        return emitted
+
+    def remove(self, generation: Generation) -> None:
+        """`generation` leaves the batch (it ended, or its consumer went away); the last row takes its slot."""
+        row, last = self.rows.index(generation), len(self.rows) - 1
+        if row != last:
+            self.cache.move(last, row)
+            self.rows[row] = self.rows[last]
+        self.rows.pop()
+
+
+def batch_length(prompts: list[list[int]], settings: SamplingSettings, drafters: list[Drafter | None]) -> int:
+    """Cache positions per row for these prompts: the longest prompt and output, then the widest verify block."""
+    widest = max((drafter.max_tokens for drafter in drafters if drafter is not None), default=0)
+    return max(map(len, prompts)) + settings.max_new_tokens + widest + 1
+
+
+def decode_batch_steps(model, prompts: list[list[int]], settings: SamplingSettings,
+                       drafters: list[Drafter | None] | None = None, end_ids: tuple[int, ...] = (),
+                       generators: list[torch.Generator | None] | None = None, target_gate: float | None = None,
+                       rules: TextRules | None = None, top_logprobs: int | None = None
+                       ) -> Iterator[tuple[int, Emitted]]:
+    """Decode `prompts` together, one drafter (None: plain) and generator per prompt; yields (prompt index,
+    what it emitted) as decode_steps does for one prompt, each prompt's prefill first."""
+    if not prompts:
+        raise SelfspecError("an empty batch: give at least one prompt")
+    drafters = drafters or [None] * len(prompts)
+    generators = generators or [None] * len(prompts)
+    batch = DecodingBatch(model, len(prompts), batch_length(prompts, settings, drafters))
+    index = {}
+    for i, (prompt, drafter, generator) in enumerate(zip(prompts, drafters, generators)):
+        generation, emitted = batch.add(prompt, settings, drafter, end_ids, generator, target_gate, rules,
+                                        top_logprobs)
+        index[id(generation)] = i
+        yield i, emitted
+    while batch.rows:
+        for generation, emitted in batch.step():
+            yield index[id(generation)], emitted
+
+
+def generate_batch(model, prompts: list[list[int]], settings: SamplingSettings,
+                   drafters: list[Drafter | None] | None = None, end_ids: tuple[int, ...] = (),
+                   generators: list[torch.Generator | None] | None = None, target_gate: float | None = None,
+                   rules: TextRules | None = None) -> list[GenerationResult]:
+    """`generate` for several prompts at once: one result per prompt, each timed from the batch's start to the
+    step that ended it."""
+    device = output_device(model)
+    start = clock(device)
+    tallies = [Tally(start) for _ in prompts]
+    for i, emitted in decode_batch_steps(model, prompts, settings, drafters, end_ids, generators, target_gate,
+                                         rules):
+        tallies[i].add(emitted, clock(device))
+    return [tally.result(end_ids) for tally in tallies]

@@ -1,0 +1,82 @@
+"""Attention masks for forwards that transformers' own masks do not describe: token trees, and batches whose rows
+sit at different lengths of one cache.
+
+Each row feeds a block of tokens at cache indices start, start + 1, ...; a block token sees the row's cache prefix,
+its ancestors in the block and itself (`parents`: per block token its parent's block index, -1 for none, so a
+chain is [-1, 0, 1, ...]) and sits at position start + its depth. On sliding-window layers it sees only keys within
+the window by position, as transformers' sliding-window mask. The keys start at cache index `first` (a sliding
+cache layer hands attention only its window, models/cache.py) and end at `key_end`; block tokens past a row's own
+block (padding up to the batch's widest block) see the prefix and themselves, so no softmax row is empty.
+"""
+
+import torch
+from transformers.cache_utils import get_layer_types_and_kwargs
+
+from selfspec.models.cache import first_visible
+from selfspec.models.devices import input_device
+
+
+def chain(length: int) -> list[int]:
+    """The block parents of a chain of `length` tokens: each sees the ones before it."""
+    return list(range(-1, length - 1))
+
+
+def ancestry(parents: list[int]) -> list[list[int]]:
+    """Per block token the block indices it sees: its ancestors, root first, and itself."""
+    seen = []
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise ValueError(f"node {i} has parent {parent}; a parent must come before its child (or be -1, the root)")
+        seen.append((seen[parent] if parent >= 0 else []) + [i])
+    return seen
+
+
+def block_mask(parents: list[list[int]], starts: list[int], key_end: int, dtype: torch.dtype, device,
+               sliding_window: int | None = None, first: int = 0) -> torch.Tensor:
+    """(rows, 1, width, key_end - first) additive mask, 0 where a block token may attend and the dtype's minimum
+    elsewhere; `parents`: per row its block's parents, `starts`: per row the cache index of its block's first token,
+    width: the widest block."""
+    width = max(map(len, parents))
+    allowed = torch.zeros(len(parents), width, key_end - first, dtype=torch.bool)  # (rows, width, keys)
+    query_positions = torch.zeros(len(parents), width, dtype=torch.long)
+    key_positions = torch.arange(first, key_end).repeat(len(parents), 1)  # (rows, keys): a prefix key's is its index
+    for row, (block, start) in enumerate(zip(parents, starts)):
+        seen = ancestry(block) + [[j] for j in range(len(block), width)]  # padding sees itself
+        depths = [len(s) - 1 for s in seen[:len(block)]] + list(range(len(block), width))
+        allowed[row, :, :start - first] = True
+        for j, block_indices in enumerate(seen):
+            allowed[row, j, [start - first + i for i in block_indices]] = True
+        query_positions[row] = start + torch.tensor(depths)
+        key_positions[row, start - first:start - first + width] = query_positions[row]
+    if sliding_window is not None:
+        allowed &= key_positions[:, None, :] > query_positions[:, :, None] - sliding_window
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[:, None].to(device)
+
+
+def block_positions(parents: list[list[int]], starts: list[int], device) -> torch.Tensor:
+    """(rows, width) position ids: start + depth per block token (padding: start + its index)."""
+    width = max(map(len, parents))
+    positions = torch.zeros(len(parents), width, dtype=torch.long)
+    for row, (block, start) in enumerate(zip(parents, starts)):
+        depths = [len(s) - 1 for s in ancestry(block)] + list(range(len(block), width))
+        positions[row] = start + torch.tensor(depths)
+    return positions.to(device)
+
+
+def model_attention_masks(model, parents: list[list[int]], starts: list[int], key_end: int,
+                          windowed_keys: bool) -> torch.Tensor | dict:
+    """The mask argument the model's forward takes: one 4D mask (Llama; Mistral's model-wide sliding window), or one
+    per layer type for models that mix them (Gemma-2, Gemma-3 pick `mask[config.layer_types[i]]` per layer).
+    `windowed_keys`: the sliding layers hand attention their window only (one row, models/cache.py), else all keys."""
+    config = model.config.get_text_config()
+    dtype, device = model.dtype, input_device(model)
+    full = block_mask(parents, starts, key_end, dtype, device)
+    if "sliding_attention" not in get_layer_types_and_kwargs(config)[0]:  # the layer types the cache is built from
+        return full
+    window = config.sliding_window
+    first = first_visible(starts[0], window) if windowed_keys else 0
+    sliding = block_mask(parents, starts, key_end, dtype, device, window, first)
+    if not getattr(config, "layer_types", None):  # one window for every layer: the forward takes one mask
+        return sliding
+    return {"full_attention": full, "sliding_attention": sliding}

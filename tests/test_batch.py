@@ -1,0 +1,145 @@
+"""Batched decoding (decoding/batch.py, models/batch_cache.py): the batch's forward gives each row the logits it
+would get alone, rows never see each other's padding, rows leave and join between steps, and sampled rows keep the
+full model's distribution. Every registered strategy in a batch: tests/test_every_strategy.py."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from selfspec.decoding.batch import DecodingBatch, generate_batch
+from selfspec.decoding.costs import CostMeter
+from selfspec.decoding.draft_exit import DraftExit
+from selfspec.decoding.drafters import HybridDrafter, NgramDrafter, SelfDrafter
+from selfspec.decoding.speculative import generate
+from selfspec.errors import SelfspecError
+from selfspec.models.batch_cache import BatchCache, forward_batch
+from selfspec.models.cache import forward, new_cache
+from selfspec.models.tiny import tiny_model
+from selfspec.settings import default_settings, make_skip_set
+
+from helpers import chi_square_pvalue, exact_pair_distribution
+
+SAMPLING = default_settings().sampling
+GREEDY = replace(SAMPLING, max_new_tokens=30)
+PROMPTS = [[5, 40, 77], list(range(3, 23)), [9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9], list(range(100, 131))]
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gemma3"])
+def test_the_batch_forward_gives_each_row_its_own_logits(family):
+    """Rows at lengths 3..31 (past the 8-token sliding window), one a chain and one a token tree, in one forward:
+    each row's logits equal its batch-1 forward's."""
+    model = tiny_model(family, sliding_window=8).double()
+    batch = BatchCache(model, 3, 48)
+    prompts, alone = PROMPTS[:2] + PROMPTS[3:], []
+    for row, prompt in enumerate(prompts):
+        forward(model, batch.view(row), prompt, 0)
+        alone.append(new_cache(model, 48))
+        forward(model, alone[-1], prompt, 0)
+    blocks, parents = [[7, 8, 9], [10], [11, 12, 13, 14]], [[-1, 0, 1], [-1], [-1, 0, 0, 1]]  # row 2: a tree
+    starts = [len(prompt) for prompt in prompts]
+    logits = forward_batch(model, batch, blocks, starts, parents)
+    for row in range(2):
+        torch.testing.assert_close(logits[row], forward(model, alone[row], blocks[row], starts[row]))
+    # the tree: each node's logits are those of its path fed as a chain
+    torch.testing.assert_close(logits[2][[0, 1, 3]], forward(model, alone[2], [11, 12, 14], starts[2]))
+    torch.testing.assert_close(logits[2][2], forward(model, alone[2], [11, 13], starts[2])[1])
+
+
+@pytest.mark.parametrize("neighbours", [[], [PROMPTS[1]], [PROMPTS[3], PROMPTS[2], PROMPTS[1]]])
+def test_a_rows_output_does_not_depend_on_its_neighbours(tiny, neighbours):
+    """The same prompt beside no, one or three neighbours of other lengths, each drafting its own way, and rows
+    that end (an end id) before the others: it decodes what it decodes alone."""
+    prompt = PROMPTS[0]
+    end_ids = (generate(tiny, PROMPTS[1], GREEDY).new_tokens[4],)  # the second neighbour leaves after 5 tokens
+    prompts = [*neighbours[:1], prompt, *neighbours[1:]]
+    drafters = [SelfDrafter(tiny, make_skip_set([1], [2], 6), DraftExit(3)),
+                HybridDrafter(NgramDrafter(tiny, 2, 5), SelfDrafter(tiny, make_skip_set([3], [], 6), DraftExit(2))),
+                None, NgramDrafter(tiny, 1, 4)][:len(prompts)]
+    results = generate_batch(tiny, prompts, GREEDY, drafters, end_ids)
+    for ids, result in zip(prompts, results):
+        assert result.new_tokens == generate(tiny, ids, GREEDY, end_ids=end_ids).new_tokens
+        assert len(result.new_tokens) <= 5 or ids != PROMPTS[1]
+
+
+def test_generations_join_and_leave_between_steps(tiny):
+    """A continuously batching server's pattern: rows start at different steps and a consumer removes one half-way;
+    the others decode as alone."""
+    settings = replace(GREEDY, max_new_tokens=12)
+    batch = DecodingBatch(tiny, 3, 64)
+    outputs = {}
+    first, emitted = batch.add(PROMPTS[0], settings, SelfDrafter(tiny, make_skip_set([1], [], 6), DraftExit(3)))
+    outputs[id(first)] = list(emitted.tokens)
+    second, emitted = batch.add(PROMPTS[1], settings)
+    outputs[id(second)] = list(emitted.tokens)
+    for step in range(6):
+        if step == 2:
+            late, emitted = batch.add(PROMPTS[2], settings, NgramDrafter(tiny, 1, 4))
+            outputs[id(late)] = list(emitted.tokens)
+        if step == 3:
+            batch.remove(first)  # its client went away: its slot goes to the last row
+        for generation, emitted in batch.step():
+            emitted.onto(outputs[id(generation)])
+    while batch.rows:
+        for generation, emitted in batch.step():
+            emitted.onto(outputs[id(generation)])
+    assert outputs[id(second)] == generate(tiny, PROMPTS[1], settings).new_tokens
+    assert outputs[id(late)] == generate(tiny, PROMPTS[2], settings).new_tokens
+    assert outputs[id(first)] == generate(tiny, PROMPTS[0], settings).new_tokens[:len(outputs[id(first)])]
+
+
+def test_sampled_rows_keep_the_full_models_distribution_in_a_mixed_batch():
+    """Two sampled rows, one drafting with a skipped sublayer and one with copies or the skip draft, beside a greedy
+    neighbour that never leaves the batch before them: each sampled row's (token 2, token 3) fits its exact
+    distribution."""
+    model = tiny_model("llama", num_layers=2, hidden_size=32, seed=3, init_std=0.3).double()
+    settings = replace(SAMPLING, temperature=1.0, top_k=3, max_new_tokens=3)
+    prompts = [[5, 40, 77], [173, 238, 48, 35, 124]]
+    exact = [exact_pair_distribution(model, prompt, settings) for prompt in prompts]
+    skip = make_skip_set([], [1], 2)
+    drafters = [SelfDrafter(model, skip, DraftExit(2)), HybridDrafter(NgramDrafter(model, 2, 2),
+                                                                      SelfDrafter(model, skip, DraftExit(2)))]
+    generators = [torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)]
+    counts, drafted, accepted = [{}, {}], 0, 0
+    for _ in range(2000):
+        for row, result in enumerate(generate_batch(model, prompts, settings, drafters, (), generators)):
+            key = tuple(result.new_tokens[1:3])
+            counts[row][key] = counts[row].get(key, 0) + 1
+            drafted, accepted = drafted + result.drafted, accepted + result.accepted
+    assert 0.1 < accepted / drafted < 0.9  # both acceptance and rejection are exercised
+    for row in range(2):
+        assert set(counts[row]) <= set(exact[row])
+        assert chi_square_pvalue(counts[row], exact[row]) > 0.001
+
+
+def test_a_batch_row_measures_its_share_of_the_batch_verify(tiny):
+    meter = CostMeter(tiny, 3, repeats=1)
+    batch = meter.for_batch(4)
+    assert meter.for_batch(4) is batch and batch.for_batch(1) is meter
+    costs = batch.costs(make_skip_set([1], [], 6))
+    assert len(costs.verify_ms) == 3 and min(costs.verify_ms) > 0
+    assert batch.draft_ms is meter.draft_ms  # a draft token costs the same in a batch: rows draft one by one
+    assert "per row of 4" in batch.summary()
+
+
+def test_the_cache_grows_with_the_batch_and_no_more(tiny):
+    cache = BatchCache(tiny, 3, 40)
+    one = new_cache(tiny, 40)
+    forward(tiny, one, [5], 0)
+    for batch_layer, layer in zip(cache.layers, one.layers):
+        assert batch_layer.key_buffer.shape == (3, *layer.key_buffer.shape[1:])
+
+
+def test_bad_batches_end_in_one_line(tiny):
+    with pytest.raises(SelfspecError, match="empty batch"):
+        generate_batch(tiny, [], GREEDY)
+    with pytest.raises(SelfspecError, match="empty prompt"):
+        generate_batch(tiny, [[5, 6], []], GREEDY)
+    with pytest.raises(SelfspecError, match="at least one generation"):
+        DecodingBatch(tiny, 0, 16)
+    batch = DecodingBatch(tiny, 1, 64)
+    batch.add([5, 6], GREEDY)
+    with pytest.raises(SelfspecError, match="batch is full"):
+        batch.add([5, 6], GREEDY)
+    with pytest.raises(SelfspecError, match="need 34 cache positions; the batch holds 16"):
+        DecodingBatch(tiny, 1, 16).add([5, 6, 7], GREEDY)
