@@ -16,11 +16,11 @@ from pathlib import Path
 
 import torch
 
-from selfspec.api.streaming import Chunk, DecodingStats, stream_chunks
+from selfspec.api.streaming import Chunk, DecodingStats, interleaved, row_steps, stream_chunks
 from selfspec.data.prompt_sets import as_token_ids, calibration_texts
-from selfspec.decoding.verify import TokenLogprob
 from selfspec.decoding.strategies import REGISTRY, Strategy, make_strategy
 from selfspec.decoding.text_rules import text_rules
+from selfspec.decoding.verify import TokenLogprob
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import output_device
 from selfspec.models.draft_head import DraftHead, make_draft_head
@@ -54,7 +54,7 @@ class Completion:
 
 
 class SelfSpeculativeDecoder:
-    """One model, batch size 1. `strategy` is any of STRATEGIES (`plain` decodes without drafts); `skip` is the
+    """One model; one prompt, or a list decoded as a batch. `strategy` is any of STRATEGIES (`plain` decodes without drafts); `skip` is the
     layer-skip draft's skip set (default: none skipped); `draft` the draft options (default DEFAULT_DRAFT, the
     adaptive draft exit); `draft_model` drafts for `two_model`, `kangaroo` names the adapter of `kangaroo`,
     `searched` the skip set of `self_spec_searched`."""
@@ -107,40 +107,54 @@ class SelfSpeculativeDecoder:
             raise SelfspecError("prompt encodes to no tokens; give some text")
         return ids
 
-    def stream(self, prompt: Prompt, max_new_tokens: int = DEFAULT_SAMPLING.max_new_tokens,
+    def stream(self, prompt: Prompt | list[Prompt], max_new_tokens: int = DEFAULT_SAMPLING.max_new_tokens,
                temperature: float = DEFAULT_SAMPLING.temperature, top_p: float = DEFAULT_SAMPLING.top_p,
                top_k: int = DEFAULT_SAMPLING.top_k, repetition_penalty: float = DEFAULT_SAMPLING.repetition_penalty,
                seed: int | None = None, stop: Sequence[str] = (), banned_words: Sequence[str] = (),
                case_sensitive: bool = DEFAULT_CONSTRAINTS.case_sensitive, logprobs: int | None = None
-               ) -> Iterator[Chunk]:
+               ) -> Iterator[Chunk] | Iterator[tuple[int, Chunk]]:
         """One Chunk per verification step (its accepted tokens, their text and sources, the stats so far), then
         a last one with the finish reason. Stopping the iteration stops the generation at the next step.
         `banned_words`: words the output may not contain (decoding rolls back where one completes); `logprobs=N`:
-        each token's log-probability under the full model and its N most likely alternatives (N <= 20)."""
-        ids = self.encode(prompt)
+        each token's log-probability under the full model and its N most likely alternatives (N <= 20).
+        A list of prompts (texts, chat conversations or token-id lists, one kind) decodes as one batch
+        (decoding/batch.py): (prompt index, Chunk) pairs as the rows' steps come; with `seed`, row i samples
+        from seed + i."""
         if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
             raise SelfspecError(f"logprobs={logprobs} is not allowed; allowed: 0..{MAX_TOP_LOGPROBS}")
         sampling = SamplingSettings(temperature, top_k, top_p, repetition_penalty, max_new_tokens, tuple(stop))
         rules = text_rules(self.model, self.tokenizer, banned_words, case_sensitive, sampling.stop)
-        generator = torch.Generator(output_device(self.model)).manual_seed(seed) if seed is not None else None
-        steps = dataclasses.replace(self.strategy(sampling), rules=rules).steps(ids, generator, logprobs)
+        strategy = dataclasses.replace(self.strategy(sampling), rules=rules)
+        if is_batch(prompt):
+            ids = [self.encode(p) for p in check_batch(prompt)]
+            generators = [self._generator(seed + i) for i in range(len(ids))] if seed is not None else None
+            rows = row_steps(strategy.batch_steps(ids, generators, logprobs), len(ids))
+            return interleaved([stream_chunks(row, self.tokenizer, self.end_ids, rules) for row in rows])
+        ids = self.encode(prompt)
+        steps = strategy.steps(ids, self._generator(seed) if seed is not None else None, logprobs)
         return stream_chunks(steps, self.tokenizer, self.end_ids, rules)
 
-    def generate(self, prompt: Prompt, max_new_tokens: int = DEFAULT_SAMPLING.max_new_tokens,
+    def generate(self, prompt: Prompt | list[Prompt], max_new_tokens: int = DEFAULT_SAMPLING.max_new_tokens,
                  temperature: float = DEFAULT_SAMPLING.temperature, top_p: float = DEFAULT_SAMPLING.top_p,
                  top_k: int = DEFAULT_SAMPLING.top_k, repetition_penalty: float = DEFAULT_SAMPLING.repetition_penalty,
                  seed: int | None = None, stop: Sequence[str] = (), banned_words: Sequence[str] = (),
                  case_sensitive: bool = DEFAULT_CONSTRAINTS.case_sensitive, logprobs: int | None = None
-                 ) -> Completion:
-        """The whole reply (see `stream` for the arguments): greedy by default, lossless for every strategy."""
-        ids = self.encode(prompt)
-        tokens = []
-        for chunk in self.stream(ids, max_new_tokens, temperature, top_p, top_k, repetition_penalty, seed, stop,
-                                 banned_words, case_sensitive, logprobs):
-            chunk.onto(tokens)
-        return Completion("".join(t.text for t in tokens), [t.id for t in tokens], [t.source for t in tokens],
-                          len(ids), chunk.finish_reason, chunk.stats,
-                          [t.logprob for t in tokens] if logprobs is not None else None)
+                 ) -> Completion | list[Completion]:
+        """The whole reply (see `stream` for the arguments): greedy by default, lossless for every strategy; for a
+        list of prompts, one Completion per prompt, decoded together."""
+        arguments = (max_new_tokens, temperature, top_p, top_k, repetition_penalty, seed, stop, banned_words,
+                     case_sensitive, logprobs)
+        if not is_batch(prompt):
+            ids = self.encode(prompt)
+            return completion(self.stream(ids, *arguments), len(ids), logprobs is not None)
+        ids = [self.encode(p) for p in check_batch(prompt)]
+        chunks = [[] for _ in ids]
+        for row, chunk in self.stream(ids, *arguments):
+            chunks[row].append(chunk)
+        return [completion(iter(row), len(row_ids), logprobs is not None) for row, row_ids in zip(chunks, ids)]
+
+    def _generator(self, seed: int) -> torch.Generator:
+        return torch.Generator(output_device(self.model)).manual_seed(seed)
 
     def _chat_ids(self, messages: list[dict]) -> list[int]:
         for index, message in enumerate(messages):
@@ -151,6 +165,34 @@ class SelfSpeculativeDecoder:
             return as_token_ids(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
                                                                    tokenize=True))
         return as_token_ids(self.tokenizer("\n".join(m["content"] for m in messages)))
+
+
+def is_batch(prompt) -> bool:
+    """A list of prompts (texts, or lists: chat conversations or token-id lists) rather than one prompt."""
+    return isinstance(prompt, list) and bool(prompt) and all(isinstance(p, (str, list)) for p in prompt)
+
+
+def check_batch(prompts: list) -> list:
+    """`prompts`, if all of one kind: a batch takes texts, chat conversations or token-id lists, not a mix."""
+    def kind(prompt) -> str:
+        if isinstance(prompt, str):
+            return "text"
+        return "chat messages" if prompt and all(isinstance(m, dict) for m in prompt) else "token ids"
+
+    kinds = list(dict.fromkeys(map(kind, prompts)))
+    if len(kinds) > 1:
+        raise SelfspecError(f"the batch mixes {' and '.join(kinds)}; a batch takes prompts of one kind")
+    return prompts
+
+
+def completion(chunks: Iterator[Chunk], prompt_tokens: int, with_logprobs: bool) -> Completion:
+    """A whole reply from its chunks."""
+    tokens = []
+    for chunk in chunks:
+        chunk.onto(tokens)
+    return Completion("".join(t.text for t in tokens), [t.id for t in tokens], [t.source for t in tokens],
+                      prompt_tokens, chunk.finish_reason, chunk.stats,
+                      [t.logprob for t in tokens] if with_logprobs else None)
 
 
 def _skip_set(skip: SkipSpec, layers: int, name: str) -> tuple[SkipSet, int | None]:

@@ -8,13 +8,14 @@ context) for accepted draft tokens, `verified` for the token the full model chos
 token, a correction after a rejected draft, the bonus token after a fully accepted one, every plain-decoding token).
 """
 
+import collections
 import dataclasses
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 
 from selfspec.decoding.results import StepRecord
-from selfspec.decoding.verify import Emitted, TokenLogprob
 from selfspec.decoding.text_rules import TextRules
+from selfspec.decoding.verify import Emitted, TokenLogprob
 from selfspec.timing import clock
 
 VERIFIED = "verified"
@@ -163,3 +164,32 @@ def stream_chunks(steps: Generator[Emitted, None, None], tokenizer, end_ids: tup
         steps.close()
     finish = "stop" if reply.tokens and reply.tokens[-1].id in end_ids else "length"
     yield Chunk(reply.take(len(reply.tokens)), dataclasses.replace(stats), finish)
+
+
+def row_steps(steps: Iterator[tuple[int, Emitted]], rows: int) -> list[Generator[Emitted, None, None]]:
+    """A batch's (row, Emitted) steps as one Emitted stream per row; each stream advances the batch as far as its
+    row needs (the other rows' steps wait in their queues)."""
+    queues = [collections.deque() for _ in range(rows)]
+
+    def row(index: int) -> Generator[Emitted, None, None]:
+        while True:
+            while not queues[index]:
+                taken = next(steps, None)
+                if taken is None:
+                    return
+                queues[taken[0]].append(taken[1])
+            yield queues[index].popleft()
+
+    return [row(index) for index in range(rows)]
+
+
+def interleaved(streams: list[Iterator[Chunk]]) -> Iterator[tuple[int, Chunk]]:
+    """(stream index, Chunk) from every stream in turn, one chunk each, until all have ended."""
+    live = dict(enumerate(streams))
+    while live:
+        for index in list(live):
+            chunk = next(live[index], None)
+            if chunk is None:
+                del live[index]
+            else:
+                yield index, chunk

@@ -56,11 +56,14 @@ class Strategy:
             self.row_drafters[rows] = [self.new_drafter(rows) for _ in range(rows)]
         return self.row_drafters[rows]
 
-    def generate_batch(self, prompts: list[list[int]],
-                       generators: list[torch.Generator | None] | None = None) -> list[GenerationResult]:
-        """`generate` for several prompts decoded together (decoding/batch.py): one result per prompt."""
-        return generate_batch(self.model, prompts, self.settings, self.drafters(len(prompts)), self.end_ids,
-                              generators, self.target_gate, self.rules)
+    def generate_batch(self, prompts: list[list[int]], generators: list[torch.Generator | None] | None = None,
+                       batch_size: int | None = None) -> list[GenerationResult]:
+        """`generate` for several prompts decoded together (decoding/batch.py): one result per prompt. The rows'
+        drafters are those of batches of `batch_size` (default: len(prompts)), so a run's last, smaller batch drafts
+        as its others."""
+        drafters = self.drafters(batch_size or len(prompts))[:len(prompts)]
+        return generate_batch(self.model, prompts, self.settings, drafters, self.end_ids, generators,
+                              self.target_gate, self.rules)
 
     def batch_steps(self, prompts: list[list[int]], generators: list[torch.Generator | None] | None = None,
                     top_logprobs: int | None = None) -> Iterator[tuple[int, Emitted]]:

@@ -13,54 +13,84 @@ from tqdm import tqdm
 
 from selfspec.data.conversation import encode_turn
 from selfspec.data.prompt_sets import Prompt
+from selfspec.decoding.results import GenerationResult
 from selfspec.decoding.strategies import Strategy
 from selfspec.models.devices import output_device
 from selfspec.records.prompt_records import PromptRecord, append_record, first_difference, read_records, summarize
+from selfspec.timing import clock
 
 T = TypeVar("T")
 
 
 def evaluate(strategies: list[Strategy], prompts: list[Prompt], prompt_ids: list[list[int]], tokenizer,
              out_dir: Path, seed: int = 0, repeats: int = 1, warmup: bool = True, logger=None,
-             all_turns: bool = False, earlier: list[PromptRecord] | None = None) -> dict:
-    """Run every strategy on every prompt (strategies interleaved per prompt and turn, `repeats` timed runs each,
-    median time kept), append records to out_dir/records.jsonl as they finish, return the summary.
+             all_turns: bool = False, earlier: list[PromptRecord] | None = None, batch_size: int = 1) -> dict:
+    """Run every strategy on every prompt (strategies interleaved per batch of prompts and turn, `repeats` timed runs
+    each, median time kept), append records to out_dir/records.jsonl as they finish, return the summary.
 
     prompt_ids: each prompt's first turn, encoded. all_turns: also decode every later turn, each strategy after its
-    own earlier answers (data.turns=all). earlier: the records already in records.jsonl (resume=true): their
-    (prompt, turn, strategy) is not decoded again, and their steps are replayed into the draft-exit policies."""
+    own earlier answers (data.turns=all); a batch decodes turn by turn. earlier: the records already in
+    records.jsonl (resume=true): their (prompt, turn, strategy) is not decoded again, and their steps are replayed
+    into the draft-exit policies. batch_size: prompts decoded together (decoding/batch.py), each compared with plain
+    decoding of the same batch."""
     records_path = out_dir / "records.jsonl"
     done = {(r.question_id, r.turn, r.strategy): r for r in earlier or []}
     if warmup:
-        _warm_up(strategies, prompt_ids[0], seed)
+        _warm_up(strategies, prompt_ids[0], seed, batch_size)
     _replay_steps(strategies, earlier or [])
-    for index, (prompt, ids) in enumerate(tqdm(list(zip(prompts, prompt_ids)), desc="prompts", unit="prompt")):
-        answers = {strategy.name: [] for strategy in strategies}  # each strategy's outputs for the earlier turns
-        for turn in range(len(prompt.turns) if all_turns else 1):
-            plain = None
+    batches = [range(first, min(first + batch_size, len(prompts))) for first in range(0, len(prompts), batch_size)]
+    for batch in tqdm(batches, desc="prompts" if batch_size == 1 else f"batches of {batch_size}", unit="batch"):
+        answers = {(index, strategy.name): [] for index in batch for strategy in strategies}  # earlier turns' outputs
+        for turn in range(max(len(prompts[i].turns) for i in batch) if all_turns else 1):
+            rows = [i for i in batch if turn < len(prompts[i].turns)]
+            plain = {}
             for strategy in strategies:
-                record = done.get((prompt.question_id, turn, strategy.name))
-                if record is None:
-                    turn_ids = ids if turn == 0 else encode_turn(tokenizer, prompt, turn, answers[strategy.name])
-                    record = _decode(strategy, prompt, turn, turn_ids, plain, tokenizer, seed + index, repeats)
+                todo = [i for i in rows if (prompts[i].question_id, turn, strategy.name) not in done]
+                turn_ids = [prompt_ids[i] if turn == 0 else
+                            encode_turn(tokenizer, prompts[i], turn, answers[i, strategy.name]) for i in todo]
+                decoded = _decode(strategy, [prompts[i] for i in todo], turn, turn_ids, [plain.get(i) for i in todo],
+                                  tokenizer, [seed + i for i in todo], repeats, batch_size) if todo else []
+                for index, record in zip(todo, decoded):
                     append_record(records_path, record)
                     if logger is not None:
                         logger.log_prompt(index, record)
-                plain = record if strategy.name == "plain" else plain
-                answers[strategy.name].append(record.output_ids)
+                for index in rows:
+                    record = done.get((prompts[index].question_id, turn, strategy.name)) or decoded[todo.index(index)]
+                    plain[index] = record if strategy.name == "plain" else plain.get(index)
+                    answers[index, strategy.name].append(record.output_ids)
     return summarize(read_records(records_path))
 
 
-def _decode(strategy: Strategy, prompt: Prompt, turn: int, ids: list[int], plain: PromptRecord | None, tokenizer,
-            seed: int, repeats: int) -> PromptRecord:
-    """The record of `strategy` on one turn, compared with plain decoding's record of the same turn."""
-    measured = [measure_peak_memory(lambda: strategy.generate(ids, _generator(strategy, seed)),
-                                    output_device(strategy.model))
-                for _ in range(repeats)]
-    runs = [result for result, _ in measured]
+def _decode(strategy: Strategy, prompts: list[Prompt], turn: int, ids: list[list[int]],
+            plain: list[PromptRecord | None], tokenizer, seeds: list[int], repeats: int,
+            batch_size: int) -> list[PromptRecord]:
+    """The records of `strategy` on one turn of `prompts`, decoded together when batch_size > 1, each compared with
+    plain decoding's record of the same prompt and turn."""
+    def run() -> tuple[list[GenerationResult], float]:
+        generators = [_generator(strategy, seed) for seed in seeds]
+        device = output_device(strategy.model)
+        start = clock(device)
+        results = ([strategy.generate(ids[0], generators[0])] if batch_size == 1 else
+                   strategy.generate_batch(ids, generators, batch_size))
+        return results, clock(device) - start
+
+    measured = [measure_peak_memory(run, output_device(strategy.model)) for _ in range(repeats)]
+    runs = sorted(measured, key=lambda run: run[0][1])  # by the batch's wall time
+    (results, batch_s), _ = runs[len(runs) // 2]
     peaks = [mb for _, mb in measured if mb is not None]
-    result = sorted(runs, key=lambda r: r.elapsed_s)[len(runs) // 2]
-    result.elapsed_s = statistics.median(r.elapsed_s for r in runs)
+    records = []
+    for row, (prompt, result, reference) in enumerate(zip(prompts, results, plain)):
+        result.elapsed_s = statistics.median(run[0][0][row].elapsed_s for run in measured)
+        neighbours = [p.question_id for p in prompts if p is not prompt]
+        records.append(_record(strategy, prompt, turn, ids[row], result, reference, tokenizer,
+                               max(peaks) if peaks else None, len(prompts) if batch_size > 1 else 1, neighbours,
+                               statistics.median(run[0][1] for run in measured)))
+    return records
+
+
+def _record(strategy: Strategy, prompt: Prompt, turn: int, ids: list[int], result: GenerationResult,
+            plain: PromptRecord | None, tokenizer, peak_mem_mb: float | None, batch_size: int,
+            neighbours: list[str], batch_elapsed_s: float) -> PromptRecord:
     if strategy.name == "plain":
         reference_ids, reference_tps = result.new_tokens, result.tokens_per_s
     else:
@@ -75,7 +105,8 @@ def _decode(strategy: Strategy, prompt: Prompt, turn: int, ids: list[int], plain
         matches_plain=result.new_tokens == reference_ids if reference_ids is not None else None,
         first_difference=first_difference(result.new_tokens, reference_ids) if reference_ids is not None else None,
         gated_steps=result.gated_steps, rollbacks=result.rollbacks, finish_reason=result.finish_reason,
-        peak_mem_mb=max(peaks) if peaks else None, output_ids=result.new_tokens,
+        peak_mem_mb=peak_mem_mb, batch_size=batch_size, batch_neighbours=neighbours,
+        batch_elapsed_s=batch_elapsed_s, output_ids=result.new_tokens,
         output_text=before_stop(tokenizer.decode(result.new_tokens), strategy), steps=result.steps)
 
 
@@ -99,11 +130,15 @@ def _generator(strategy: Strategy, seed: int) -> torch.Generator:
     return torch.Generator(device=output_device(strategy.model)).manual_seed(seed)
 
 
-def _warm_up(strategies: list[Strategy], ids: list[int], seed: int) -> None:
-    """One short untimed generation per strategy (allocator, kernels, lazy imports)."""
+def _warm_up(strategies: list[Strategy], ids: list[int], seed: int, batch_size: int) -> None:
+    """One short untimed generation per strategy (allocator, kernels, lazy imports); with batch_size > 1 a short
+    batch, whose drafters measure what a row's share of the batch's verify costs."""
     for strategy in strategies:
         short = dataclasses.replace(strategy, settings=dataclasses.replace(strategy.settings, max_new_tokens=16))
-        short.generate(ids[:64], _generator(strategy, seed))
+        if batch_size == 1:
+            short.generate(ids[:64], _generator(strategy, seed))
+        else:
+            short.generate_batch([ids[:64]] * batch_size, [_generator(strategy, seed)] * batch_size, batch_size)
 
 
 def measure_peak_memory(run: Callable[[], T], device: torch.device | str = "cpu") -> tuple[T, float | None]:

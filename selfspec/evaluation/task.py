@@ -9,8 +9,9 @@ import torch
 from selfspec.data.conversation import check_multi_turn
 from selfspec.data.lengths import context_room, fit_prompts, with_truncated_count
 from selfspec.data.prompt_sets import calibration_texts, encode_prompt, load_prompt_set
-from selfspec.decoding.strategies import cost_meter, make_strategy
+from selfspec.decoding.strategies import REGISTRY, cost_meter, make_strategy
 from selfspec.decoding.text_rules import text_rules
+from selfspec.errors import SelfspecError
 from selfspec.evaluation.evaluate import evaluate
 from selfspec.evaluation.spec_bench import write_answers
 from selfspec.evaluation.summarize import summary_title, write_summary
@@ -32,6 +33,7 @@ def run(settings: RunSettings, out_dir: Path) -> dict:
               f"same time: they share the cores, so tokens/s and speedups are not comparable across jobs "
               f"(summary.json: parallel_launcher)", file=sys.stderr)
     sampling = settings.sampling
+    check_batchable(settings)
     stored = dataclasses.asdict(settings)
     resumed = open_run_dir(out_dir, stored, settings.resume)  # first: a bad run dir ends before any loading
     earlier = read_records(out_dir / RECORDS_FILE, WrittenRecord) if resumed else []
@@ -70,7 +72,7 @@ def run(settings: RunSettings, out_dir: Path) -> dict:
     logger = make_logger(settings.logger, stored, out_dir, group=launch.sweep_dir)
     try:
         summary = evaluate(strategies, prompts, prompt_ids, loaded.tokenizer, out_dir, settings.seed, settings.repeats,
-                           settings.warmup, logger, all_turns, earlier)
+                           settings.warmup, logger, all_turns, earlier, settings.batch_size)
         summary = with_truncated_count(summary, fitted.truncated)
         if launch.parallel:  # timings measured while other jobs ran
             for row in summary.values():
@@ -90,6 +92,14 @@ def run(settings: RunSettings, out_dir: Path) -> dict:
     print(f"\n{loaded.name}: {len(prompts)} prompts, max_new_tokens={sampling.max_new_tokens}, "
           f"{'greedy' if sampling.greedy else 'sampling'}\n{table}\n\nrecords: {out_dir}")
     return summary
+
+
+def check_batchable(settings: RunSettings) -> None:
+    """batch_size > 1 decodes with our batched loop, which transformers' own generate baselines do not take."""
+    unbatched = [name for name in settings.strategies if name in REGISTRY and REGISTRY[name].hf_baseline]
+    if settings.batch_size > 1 and unbatched:
+        raise SelfspecError(f"batch_size={settings.batch_size}: strategies {', '.join(unbatched)} are transformers' "
+                            f"own generate, which decodes one prompt at a time here; drop them or set batch_size=1")
 
 
 def data_label(data: DataSettings) -> str:

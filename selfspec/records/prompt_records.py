@@ -38,7 +38,11 @@ class PromptRecord:
     gated_steps: int = 0  # verifications that did not draft because of draft.target_gate
     rollbacks: int = 0  # times a banned word completed and decoding rolled back (constraints.banned_words)
     finish_reason: str = ""  # "stop" (an end id or a stop string) | "length" (max_new_tokens); "": not recorded
-    peak_mem_mb: float | None = None  # peak memory growth during generate, MiB, max over repeats (CPU: peak RSS)
+    peak_mem_mb: float | None = None  # peak memory growth during generate, MiB, max over repeats (CPU: peak RSS);
+    # with batch_size > 1 the whole batch's
+    batch_size: int = 1  # prompts decoded together with this one (run.py batch_size; the last batch may be smaller)
+    batch_neighbours: list[str] = field(default_factory=list)  # the question ids decoded beside it
+    batch_elapsed_s: float | None = None  # the whole batch's wall time, median over repeats (elapsed_s: this row's)
     output_ids: list[int] = field(default_factory=list)
     output_text: str = ""
     steps: list[RecordedStep] = field(default_factory=list)  # one per verification (written: every StepRecord field)
@@ -131,7 +135,9 @@ def _typed_value(kind, value, where: str):
 
 
 def summarize(records: list[PromptRecord]) -> dict:
-    """Per strategy (keys of summary.json): tokens_per_s, speedup, acceptance_rate, mean_accepted_tokens,
+    """Per strategy (keys of summary.json): tokens_per_s (per prompt: its tokens over its own time), aggregate_tokens_per_s
+    (all tokens over the batches' wall times: the throughput of batch_size > 1), batch_size, speedup, acceptance_rate,
+    mean_accepted_tokens,
     outputs_match_plain (fraction of records equal to plain's output), median_first_difference (over the records
     that differ: where they part), n_prompts, n_turns (records), new_tokens; plus the same per prompt category under
     `by_category`."""
@@ -153,8 +159,12 @@ def _aggregate(mine: list[PromptRecord], plain: list[PromptRecord]) -> dict:
     drafted = sum(r.drafted for r in mine)
     matches = [r.matches_plain for r in mine if r.matches_plain is not None]
     parted = [r.first_difference for r in mine if r.first_difference is not None]
+    batches = {(r.turn, frozenset([r.question_id, *r.batch_neighbours])): r.batch_elapsed_s or r.elapsed_s
+               for r in mine}  # each batch's wall time, once
     return {
         "tokens_per_s": tokens_per_s,
+        "aggregate_tokens_per_s": tokens / sum(batches.values()),
+        "batch_size": max(r.batch_size for r in mine),
         "speedup": tokens_per_s / plain_tps if plain_tps else None,
         "acceptance_rate": sum(r.accepted for r in mine) / drafted if drafted else None,
         "mean_accepted_tokens": sum(r.emitted for r in mine) / max(1, sum(r.verify_steps for r in mine)),
@@ -170,8 +180,9 @@ def _aggregate(mine: list[PromptRecord], plain: list[PromptRecord]) -> dict:
 
 
 def markdown_table(summary: dict) -> str:
-    columns = ["tokens_per_s", "speedup", "acceptance_rate", "mean_accepted_tokens", "outputs_match_plain",
-               "n_prompts", "new_tokens", "peak_mem_mb"]
+    batched = any(row.get("batch_size", 1) > 1 for row in summary.values())
+    columns = ["tokens_per_s", *(["aggregate_tokens_per_s"] if batched else []), "speedup", "acceptance_rate",
+               "mean_accepted_tokens", "outputs_match_plain", "n_prompts", "new_tokens", "peak_mem_mb"]
     lines = ["| strategy | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for name, row in summary.items():
         lines.append(f"| {name} | " + " | ".join(_fmt(row.get(c)) for c in columns) + " |")

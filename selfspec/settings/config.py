@@ -48,6 +48,7 @@ class RunOptions:
     seed: int
     strategies: list[str]
     repeats: int
+    batch_size: int  # prompts decoded together (decoding/batch.py); 1: one at a time
     warmup: bool
     resume: bool  # continue the records.jsonl in the run dir (same settings) instead of moving it aside
     spec_bench_answers: bool  # also write <run dir>/model_answer/<model>-<strategy>.jsonl (Spec-Bench)
@@ -55,6 +56,7 @@ class RunOptions:
     def __post_init__(self):
         one_of("task", self.task, TASKS)
         at_least("repeats", self.repeats, 1)
+        at_least("batch_size", self.batch_size, 1)
 
 
 @dataclass(kw_only=True)
