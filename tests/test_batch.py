@@ -118,7 +118,7 @@ def test_a_batch_row_measures_its_share_of_the_batch_verify(tiny):
     assert meter.for_batch(4) is batch and batch.for_batch(1) is meter
     costs = batch.costs(make_skip_set([1], [], 6))
     assert len(costs.verify_ms) == 3 and min(costs.verify_ms) > 0
-    assert batch.draft_ms is meter.draft_ms  # a draft token costs the same in a batch: rows draft one by one
+    assert batch.draft_ms and batch.costs(make_skip_set([1], [], 6), alone=True).draft_ms == meter.draft_ms[(make_skip_set([1], [], 6), id(None))]
     assert "per row of 4" in batch.summary()
 
 
@@ -143,3 +143,21 @@ def test_bad_batches_end_in_one_line(tiny):
         batch.add([5, 6], GREEDY)
     with pytest.raises(SelfspecError, match="need 34 cache positions; the batch holds 16"):
         DecodingBatch(tiny, 1, 16).add([5, 6, 7], GREEDY)
+
+
+def test_rows_drafting_with_one_skip_set_run_their_draft_forwards_together(tiny):
+    """Three layer-skip rows drafting 3 tokens each: 3 draft forwards and 1 verify forward a step, not 3 x 3 + 1;
+    the outputs stay the plain ones."""
+    settings = replace(GREEDY, max_new_tokens=10)
+    batch = DecodingBatch(tiny, 3, 64)
+    prompts = PROMPTS[:3]
+    for prompt in prompts:
+        batch.add(prompt, settings, SelfDrafter(tiny, make_skip_set([1], [2], 6), DraftExit(3)))
+    forwards = []
+    hook = tiny.model.register_forward_hook(lambda *args: forwards.append(1))
+    try:
+        emitted = batch.step()
+    finally:
+        hook.remove()
+    assert [e.step.drafted for _, e in emitted] == [3, 3, 3]
+    assert len(forwards) == 4

@@ -14,14 +14,16 @@ from dataclasses import replace
 
 import torch
 
-from selfspec.decoding.drafters import Drafter
+from selfspec.decoding.drafters import Drafter, DraftForward
 from selfspec.decoding.results import GenerationResult
 from selfspec.decoding.speculative import Generation, Tally
 from selfspec.decoding.text_rules import TextRules
-from selfspec.decoding.verify import Emitted
+from selfspec.decoding.verify import Emitted, Proposal
 from selfspec.errors import SelfspecError
-from selfspec.models.batch_cache import BatchCache, forward_batch
+from selfspec.models.batch_cache import BatchCache, forward_batch, forward_batch_hidden
 from selfspec.models.devices import output_device
+from selfspec.models.output_layer import model_logits
+from selfspec.models.skip import skipping
 from selfspec.settings import SamplingSettings
 from selfspec.timing import clock
 
@@ -56,7 +58,7 @@ class DecodingBatch:
 
     def step(self) -> list[tuple[Generation, Emitted]]:
         """Every row drafts, one forward verifies all rows; returns what each row emitted. Rows that end leave."""
-        proposals = [generation.propose() for generation in self.rows]
+        proposals = self._propose()
         start = clock(output_device(self.model))  # every row's verification starts with the shared forward
         proposals = [replace(proposal, verify_start=start) for proposal in proposals]
         logits = forward_batch(self.model, self.cache, [p.ids for p in proposals], [p.start for p in proposals],
@@ -67,6 +69,39 @@ class DecodingBatch:
             if generation.finished:
                 self.remove(generation)
         return emitted
+
+    def _propose(self) -> list[Proposal]:
+        """Every row's proposal. The rows whose drafters draft with the same skip set run their draft forwards
+        together, one forward a draft token (DraftForward; other rows feed their last token where the verification
+        will write it anyway); one skip set's rows draft to the end before another's start."""
+        steps = [generation.propose(len(self.rows)) for generation in self.rows]
+        pending: dict[int, DraftForward] = {}  # row -> its next draft forward
+        proposals: list[Proposal | None] = [None] * len(self.rows)
+
+        def advance(row: int, logits: torch.Tensor | None) -> None:
+            try:
+                pending[row] = steps[row].send(logits) if logits is not None else next(steps[row])
+            except StopIteration as done:
+                proposals[row] = done.value
+
+        for row in range(len(self.rows)):
+            advance(row, None)
+        key = None
+        while pending:
+            if not any(forward.group == key for forward in pending.values()):
+                key = next(iter(pending.values())).group
+            group = [row for row, forward in pending.items() if forward.group == key]
+            skip, head = pending[group[0]].skip, pending[group[0]].head
+            blocks = [pending[row].ids if row in group else [g.tokens[-1]] for row, g in enumerate(self.rows)]
+            starts = [pending[row].start if row in group else len(g.tokens) - 1 for row, g in enumerate(self.rows)]
+            with skipping(self.model, skip), torch.inference_mode():
+                hidden = forward_batch_hidden(self.model, self.cache, blocks, starts)  # (rows, width, hidden)
+                last = torch.stack([hidden[row, len(blocks[row]) - 1] for row in group])  # (group, hidden)
+                logits = model_logits(self.model, last) if head is None else head.rows_logits(last)  # (group, vocab)
+            for row, row_logits in zip(group, logits):
+                del pending[row]
+                advance(row, row_logits)
+        return proposals
 
     def remove(self, generation: Generation) -> None:
         """`generation` leaves the batch (it ended, or its consumer went away); the last row takes its slot."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from selfspec.models.batch_cache import BatchCache, forward_batch
+from selfspec.models.batch_cache import BatchCache, forward_batch, forward_batch_hidden
 from selfspec.models.cache import forward, forward_hidden, new_cache
 from selfspec.models.devices import execution_device, output_device
 from selfspec.models.draft_head import DraftHead
@@ -102,10 +102,11 @@ class CostMeter:
     """c(q) and the draft-token costs of one model on this machine, each measured on first use (seconds) and kept,
     so the strategies of a run share one measurement.
 
-    In a batch of B rows (decoding/batch.py) each row drafts on its own, one after another, and one forward verifies
-    every row: a row's share of that verify is c_B(q) / B, measured with B rows of q tokens (`for_batch`), while a
-    draft token still costs d. So as B grows and a wider forward costs little more, the cost-aware exit weighs
-    each row's draft against a smaller share of a step, and drafts less (nothing where it no longer pays)."""
+    In a batch of B rows (decoding/batch.py) one forward verifies every row: a row's share of it is c_B(q) / B,
+    measured with B rows of q tokens (`for_batch`). The layer-skip chain's rows draft together, one forward a draft
+    token, so a row's draft token costs d_B / B; other drafters draft each row on its own, at d. As B grows and a
+    wider forward costs little more, the cost-aware exit weighs each row's draft against a smaller share of a step,
+    and drafts less where drafting is not shared too."""
 
     def __init__(self, model, max_q: int, repeats: int = 7, rows: int = 1):
         self.model, self.max_q, self.repeats, self.rows = model, max_q, repeats, rows
@@ -114,10 +115,10 @@ class CostMeter:
         self.batches: dict[int, CostMeter] = {1: self}
 
     def for_batch(self, rows: int) -> "CostMeter":
-        """The meter of a row in a batch of `rows` (c_B(q) / B), sharing this one's draft-token costs."""
+        """The meter of a row in a batch of `rows` (c_B(q) / B and the drafts' costs in a batch)."""
         if rows not in self.batches:
             meter = CostMeter(self.model, self.max_q, self.repeats, rows)
-            meter.draft_ms, meter.batches = self.draft_ms, self.batches
+            meter.batches = self.batches
             self.batches[rows] = meter
         return self.batches[rows]
 
@@ -127,19 +128,25 @@ class CostMeter:
                         measure_batch_verify_ms(self.model, self.max_q, self.rows, self.repeats))
             self.verify_ms = tuple(measured)
 
-    def costs(self, skip: SkipSet | None, head: DraftHead | None = None) -> DraftCosts:
-        """The costs of drafting with `skip` (and `head`); skip None: copies, which cost nothing to draft."""
+    def costs(self, skip: SkipSet | None, head: DraftHead | None = None, alone: bool = False) -> DraftCosts:
+        """The costs of drafting with `skip` (and `head`); skip None: copies, which cost nothing to draft. In a
+        batch, the rows' draft tokens run together (d_B / B) unless `alone` (a tree drafter: d)."""
         self._measure_verify()
         if skip is None:
             return self.costs_of(None, lambda: 0.0)
-        return self.costs_of((skip, id(head)), lambda: measure_draft_ms(self.model, skip, head, self.repeats))
+        if self.rows == 1 or alone:
+            return self.batches[1].costs_of((skip, id(head)), lambda: measure_draft_ms(self.model, skip, head,
+                                                                                      self.repeats), self.verify_ms)
+        return self.costs_of((skip, id(head)), lambda: measure_batch_draft_ms(self.model, skip, head, self.rows,
+                                                                             self.repeats))
 
-    def costs_of(self, key, measure_draft_ms) -> DraftCosts:
-        """The costs of the drafter `key`, its draft token timed by `measure_draft_ms()` (milliseconds) once."""
+    def costs_of(self, key, measure_draft_ms, verify_ms: tuple[float, ...] | None = None) -> DraftCosts:
+        """The costs of the drafter `key`, its draft token timed by `measure_draft_ms()` (milliseconds) once; with
+        this meter's c(q) (or `verify_ms`: a batch row's, for a draft timed alone)."""
         self._measure_verify()
         if key not in self.draft_ms:
             self.draft_ms[key] = measure_draft_ms()
-        return DraftCosts(self.verify_ms, self.draft_ms[key])
+        return DraftCosts(verify_ms or self.verify_ms, self.draft_ms[key])
 
     def summary(self) -> str:
         """What was measured, for the run's log: c(q) and each drafter's d ("" when nothing was)."""
@@ -196,6 +203,21 @@ def measure_batch_verify_ms(model, max_q: int, rows: int, repeats: int = REPEATS
         forward(model, cache.view(row), [5 + i % 100 for i in range(CONTEXT)], 0)
     return [timed_ms(lambda: forward_batch(model, cache, [[5] * q] * rows, [CONTEXT] * rows), output_device(model),
                      repeats) / rows for q in range(1, max_q + 1)]
+
+
+def measure_batch_draft_ms(model, skip: SkipSet, head: DraftHead | None, rows: int,
+                           repeats: int = REPEATS) -> float:
+    """d_B / B: one draft token in each of `rows` rows (B) in one forward, after CONTEXT-token contexts, divided by B:
+    a row's share of a batch's draft forward (decoding/batch.py)."""
+    cache = BatchCache(model, rows, CONTEXT + 1)
+    for row in range(rows):
+        forward(model, cache.view(row), [5 + i % 100 for i in range(CONTEXT)], 0)
+
+    def draft_tokens():
+        with skipping(model, skip), torch.inference_mode():
+            hidden = forward_batch_hidden(model, cache, [[5]] * rows, [CONTEXT] * rows)[:, -1]  # (rows, hidden)
+            return model_logits(model, hidden) if head is None else head.rows_logits(hidden)
+    return timed_ms(draft_tokens, output_device(model), repeats) / rows
 
 
 def measure_draft_ms(model, skip: SkipSet, head: DraftHead | None = None, repeats: int = REPEATS) -> float:

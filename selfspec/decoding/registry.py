@@ -47,10 +47,11 @@ class StrategyInputs:
         return self.draft.hybrid_policy or self.draft.policy
 
     def exit_policy(self, policy: str, drafted_by: SkipSet | None = None, head: DraftHead | None = None,
-                    max_tokens: int | None = None) -> DraftExit:
+                    max_tokens: int | None = None, alone: bool = False) -> DraftExit:
         """A fresh policy, so no two strategies share one; the cost-aware one gets the costs of drafting with
-        `drafted_by` and `head` (None: copies, which cost nothing to draft)."""
-        costs = self.costs.costs(drafted_by, head) if policy == "cost" else None
+        `drafted_by` and `head` (None: copies, which cost nothing to draft); `alone`: in a batch, the drafter drafts
+        each row on its own instead of the rows together (CostMeter.costs)."""
+        costs = self.costs.costs(drafted_by, head, alone) if policy == "cost" else None
         return self.make_exit_policy(policy, costs, max_tokens)
 
     def make_exit_policy(self, policy: str, costs: DraftCosts | None, max_tokens: int | None = None) -> DraftExit:

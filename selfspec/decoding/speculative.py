@@ -9,12 +9,13 @@ probability of the token it last emitted is at or below `target_gate`, the next 
 and stop strings (decoding/text_rules.py) act on what a step emits, the same way whatever drafted it.
 """
 
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field, replace
 
 import torch
 
-from selfspec.decoding.drafters import Draft, Drafter, GenerationContext
+from selfspec.decoding.drafters import Draft, Drafter, DraftForward, GenerationContext
+from selfspec.decoding.drafters.base import run_steps
 from selfspec.decoding.prompt_ids import single_prompt
 from selfspec.decoding.results import GenerationResult, StepRecord
 from selfspec.decoding.sampling import sample, scores
@@ -78,7 +79,7 @@ def decode_steps(model, prompt: list[int], settings: SamplingSettings, drafter: 
     generation = Generation(model, prompt, settings, drafter, end_ids, generator, target_gate, rules, top_logprobs)
     yield generation.start()
     while not generation.finished:
-        proposal = generation.propose()
+        proposal = run_steps(generation.propose(), answer=None)
         yield generation.conclude(proposal, verify_forward(model, generation.context.cache, proposal))
 
 
@@ -119,11 +120,12 @@ class Generation:
         emitted, self.confidence = prefill(self.model, self.context, self.prompt)
         return self._apply(emitted)
 
-    def propose(self) -> Proposal:
-        """Draft (unless the target-confidence gate closes it) what the next verification checks."""
+    def propose(self, rows: int | None = None) -> Generator[DraftForward, torch.Tensor, Proposal]:
+        """Draft (unless the target-confidence gate closes it) what the next verification checks: `propose_steps`
+        for a row of a batch of `rows` (None: alone; run it with run_steps)."""
         gated = self.drafter is not None and self.target_gate is not None and self.confidence <= self.target_gate
         remaining = self.context.settings.max_new_tokens - (len(self.tokens) - len(self.prompt))
-        return propose(self.model, self.context, self.tokens, remaining, self.drafter, gated)
+        return propose_steps(self.model, self.context, self.tokens, remaining, self.drafter, gated, rows)
 
     def conclude(self, proposal: Proposal, logits: torch.Tensor) -> Emitted:
         """Keep what the full model's `logits` (len(proposal.ids), vocab) accept of the proposal, plus one token."""
@@ -169,10 +171,24 @@ def propose(model, context: GenerationContext, tokens: list[int], remaining: int
             gated: bool = False) -> Proposal:
     """Draft (unless `gated`) what the next verification checks: up to the drafter's longest draft, short of the
     `remaining` tokens; a chain stops at a token that completes a banned word or a stop string."""
+    return run_steps(propose_steps(model, context, tokens, remaining, drafter, gated), answer=None)
+
+
+def propose_steps(model, context: GenerationContext, tokens: list[int], remaining: int, drafter: Drafter | None,
+                  gated: bool = False, rows: int | None = None) -> Generator[DraftForward, torch.Tensor, Proposal]:
+    """`propose` as a generator for a row of a batch of `rows`: a drafter with `batch_draft` yields its draft
+    forwards (decoding/batch.py runs the rows' together) and is sent their hidden states; None: the row drafts
+    alone, as every drafter does outside a batch."""
     device = output_device(model)
     t0 = clock(device)
     k_max = min(drafter.max_tokens, remaining - 1) if drafter is not None and not gated else 0
-    draft = drafter.draft(tokens, k_max) if k_max > 0 else Draft()
+    batch_draft = getattr(drafter, "batch_draft", None) if rows else None
+    if k_max == 0:
+        draft = Draft()
+    elif batch_draft is not None:
+        draft = yield from batch_draft(tokens, k_max, rows)
+    else:
+        draft = drafter.draft(tokens, k_max)
     if draft.parents is None and context.watch is not None:
         kept = context.watch.draft_length(draft.tokens)
         draft = replace(draft, tokens=draft.tokens[:kept], probs=draft.probs[:kept])

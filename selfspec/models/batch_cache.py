@@ -94,11 +94,11 @@ class BatchCache(Cache):
 
 
 @torch.inference_mode()
-def forward_batch(model, cache: BatchCache, blocks: list[list[int]], starts: list[int],
-                  parents: list[list[int]] | None = None) -> list[torch.Tensor]:
+def forward_batch_hidden(model, cache: BatchCache, blocks: list[list[int]], starts: list[int],
+                         parents: list[list[int]] | None = None) -> torch.Tensor:
     """Feed rows 0..len(blocks)-1 of `cache`: row r's token ids blocks[r] at cache indices starts[r].., a chain or,
-    with parents[r], a tree (models/attention_masks.py). Returns per row its block's fp32 logits
-    (len(blocks[r]), vocab)."""
+    with parents[r], a tree (models/attention_masks.py). Returns the final (normed) hidden states
+    (rows, widest block, hidden); a row's positions past its own block are padding."""
     parents = parents or [chain(len(block)) for block in blocks]
     width = max(map(len, blocks))
     if max(starts) + width > cache.max_len:
@@ -109,11 +109,18 @@ def forward_batch(model, cache: BatchCache, blocks: list[list[int]], starts: lis
         ids[row, :len(block)] = torch.tensor(block)
     cache.feed(starts)
     try:
-        hidden = base_model(model)(input_ids=ids.to(device), position_ids=block_positions(parents, starts, device),
-                                   attention_mask=model_attention_masks(model, parents, starts, max(starts) + width,
-                                                                        windowed_keys=False),
-                                   past_key_values=cache, use_cache=True).last_hidden_state  # (rows, width, hidden)
+        return base_model(model)(input_ids=ids.to(device), position_ids=block_positions(parents, starts, device),
+                                 attention_mask=model_attention_masks(model, parents, starts, max(starts) + width,
+                                                                      windowed_keys=False),
+                                 past_key_values=cache, use_cache=True).last_hidden_state
     finally:
         cache.feed([])
+
+
+@torch.inference_mode()
+def forward_batch(model, cache: BatchCache, blocks: list[list[int]], starts: list[int],
+                  parents: list[list[int]] | None = None) -> list[torch.Tensor]:
+    """`forward_batch_hidden` through the output layer: per row its block's fp32 logits (len(blocks[r]), vocab)."""
+    hidden = forward_batch_hidden(model, cache, blocks, starts, parents)  # (rows, width, hidden)
     logits = model_logits(model, torch.cat([hidden[row, :len(block)] for row, block in enumerate(blocks)]))
     return list(logits.split([len(block) for block in blocks]))

@@ -25,8 +25,12 @@ class DraftHead:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """(hidden,) final hidden state -> (vocab,) logits, -inf outside the draft vocabulary."""
-        full = torch.full((self.vocab_size,), float("-inf"), device=self.weight.device)  # fp32, as model_logits
-        full[self.token_ids] = output_logits(self.weight, hidden[None].to(self.weight.device), self.finish)[0]
+        return self.rows_logits(hidden[None])[0]
+
+    def rows_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(rows, hidden) final hidden states -> (rows, vocab) logits, -inf outside the draft vocabulary."""
+        full = torch.full((len(hidden), self.vocab_size), float("-inf"), device=self.weight.device)  # fp32
+        full[:, self.token_ids] = output_logits(self.weight, hidden.to(self.weight.device), self.finish)
         return full
 
 

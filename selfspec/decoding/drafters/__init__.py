@@ -10,7 +10,8 @@ Token trees (decoding/tree.py): `NgramTreeDrafter` (ngram_tree.py) merges severa
 Each module also lists the strategies it implements, in its `STRATEGIES` (decoding/registry.py).
 """
 
-from selfspec.decoding.drafters.base import Draft, Drafter, ExitPolicyDrafter, GenerationContext, cut_at_end
+from selfspec.decoding.drafters.base import (Draft, Drafter, DraftForward, ExitPolicyDrafter, GenerationContext,
+                                            cut_at_end)
 from selfspec.decoding.drafters.feature_head import HeadDrafter
 from selfspec.decoding.drafters.hybrid import HybridDrafter
 from selfspec.decoding.drafters.kangaroo import KangarooDrafter
@@ -20,7 +21,7 @@ from selfspec.decoding.drafters.ngram import NGRAM, NgramDrafter, ngram_continua
 from selfspec.decoding.drafters.ngram_tree import NgramTreeDrafter
 from selfspec.decoding.drafters.two_model import ModelDrafter
 
-__all__ = ["Draft", "Drafter", "ExitPolicyDrafter", "GenerationContext", "HeadDrafter", "HeadTreeDrafter",
+__all__ = ["Draft", "Drafter", "DraftForward", "ExitPolicyDrafter", "GenerationContext", "HeadDrafter", "HeadTreeDrafter",
            "HybridDrafter", "KangarooDrafter",
            "ModelDrafter", "NGRAM", "NgramDrafter", "NgramTreeDrafter", "SelfDrafter", "SelfTreeDrafter",
            "cut_at_end", "ngram_continuation", "ngram_matches"]

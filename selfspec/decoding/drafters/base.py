@@ -5,10 +5,14 @@ The decoding loop (decoding/speculative.py) calls `begin` once per generation, t
 the full model verified the draft, `update`. A drafter that decides its draft length by a draft-exit policy
 (decoding/draft_exit.py) owns it. A new drafter is one new module in this package: the drafter and the
 strategies it implements (its `STRATEGIES`, decoding/registry.py), which join decoding/strategies.py's `REGISTRY`.
+A drafter may also offer `batch_draft(tokens, max_tokens, rows)`, its draft as a generator of `DraftForward`s, so a
+batch (decoding/batch.py) runs the draft forwards of its rows together (the layer-skip chain, layer_skip.py);
+without it, each row drafts on its own.
 """
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from collections.abc import Callable, Generator
+from typing import Protocol
 
 import torch
 from transformers import LogitsProcessorList
@@ -16,8 +20,9 @@ from transformers import LogitsProcessorList
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.sampling import logits_processor, sample, scores
 from selfspec.decoding.text_rules import OutputWatch
+from selfspec.models.draft_head import DraftHead
 from selfspec.models.cache import RewindableCache
-from selfspec.settings import SamplingSettings
+from selfspec.settings import SamplingSettings, SkipSet
 from selfspec.timing import clock
 
 
@@ -43,6 +48,21 @@ class Draft:
     source: str = "model"  # "model" (a model's own draft) or "ngram" (copied from the context)
     parents: list[int] | None = None  # a token tree (decoding/tree.py): per token its parent's index, -1 the last
     # context token, parents before children; probs[i] is the q token i was drawn from. None: a chain
+
+
+@dataclass
+class DraftForward:
+    """One draft forward of a batch row (`batch_draft`): `ids` at positions start.. over the row's cache, with the
+    `skip` set left out, scored by `head` (None: the full output layer); the rows of a batch with the same skip set
+    and head run theirs in one forward."""
+    skip: SkipSet
+    head: DraftHead | None
+    ids: list[int]
+    start: int
+
+    @property
+    def group(self) -> tuple:
+        return self.skip, id(self.head)
 
 
 class Drafter(Protocol):
@@ -101,20 +121,25 @@ class ExitPolicyDrafter:
 
     def draft_loop(self, next_logits: Callable[[list[int], int], torch.Tensor], tokens: list[int], cached: int,
                    max_tokens: int) -> Draft:
-        """Feed tokens[cached:] (not yet in the draft's cache), then draft up to `max_tokens` tokens one at a time.
+        """Feed tokens[cached:] (not yet in the draft's cache), then draft up to `max_tokens` tokens one at a time
+        (`draft_steps`), each draft forward `next_logits(ids, start) -> (vocab,)`: the draft model on ids at positions
+        start.., the logits of the last position."""
+        return run_steps(self.draft_steps(tokens, cached, max_tokens), next_logits)
 
-        `next_logits(ids, start) -> (vocab,)` runs the draft model on ids at positions start.. and returns the
-        logits of the last position. Drafts nothing when the policy's plan says so; stops where the policy says
-        (it sees every draft token's top draft probability), after `max_tokens` tokens, or after an end id. The policy
-        also learns what a draft token took, all of the loop's work included.
-        """
+    def draft_steps(self, tokens: list[int], cached: int, max_tokens: int,
+                    rows: int = 1) -> Generator[tuple[list[int], int], torch.Tensor, Draft]:
+        """The draft loop as a generator: yields each draft forward's (ids, start), is sent its last position's
+        logits (vocab,), returns the draft. Drafts nothing when the policy's plan says so; stops where the policy
+        says (it sees every draft token's top draft probability), after `max_tokens` tokens, or after an end id. The
+        policy also learns what a draft token took, all of the loop's work included, divided among the `rows` of a
+        batch whose draft forwards run together (decoding/batch.py)."""
         context, settings = self.context, self.context.settings
         max_tokens = self.exit_policy.plan(max_tokens)
         if max_tokens == 0:
             return Draft()
         start = clock()  # the verification before ended on the host: nothing of it is still queued
         history = list(tokens)
-        logits = next_logits(history[cached:], cached)  # (vocab,)
+        logits = yield history[cached:], cached  # (vocab,)
         draft = Draft()
         while True:
             row = scores(logits[None], history, len(history), context.processor)[0]  # (vocab,)
@@ -126,6 +151,17 @@ class ExitPolicyDrafter:
             history.append(token)
             if (self.exit_policy.should_stop(float(probs.max())) or len(draft.tokens) == max_tokens
                     or token in context.end_ids):
-                self.exit_policy.observe_draft_ms(1000 * (clock(logits.device) - start) / len(draft.tokens))
+                per_token_ms = 1000 * (clock(logits.device) - start) / len(draft.tokens)
+                self.exit_policy.observe_draft_ms(per_token_ms / rows)
                 return draft
-            logits = next_logits([token], len(history) - 1)
+            logits = yield [token], len(history) - 1
+
+
+def run_steps(steps: Generator, answer: Callable):
+    """Drive a generator of requests: send each request's `answer(*request)` back; return what it returns."""
+    try:
+        request = next(steps)
+        while True:
+            request = steps.send(answer(*request))
+    except StopIteration as done:
+        return done.value

@@ -87,6 +87,7 @@ class HeadFeatures:
 class HeadDrafting:
     """Drafts from a feature head instead of the layer-skipped model (mixed into the chain and tree drafters)."""
     features: HeadFeatures
+    batch_draft = None  # the head drafts alone in a batch: its forwards are the head's, not the model's
 
     def begin(self, context: GenerationContext) -> None:
         super().begin(context)

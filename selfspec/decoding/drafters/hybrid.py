@@ -1,7 +1,11 @@
 """An n-gram copy when the context has one, else a model drafter's draft (self_spec_hybrid): the feature head's where
 `draft.head` is set, else the layer-skip draft's."""
 
-from selfspec.decoding.drafters.base import Draft, Drafter, GenerationContext
+from collections.abc import Generator
+
+import torch
+
+from selfspec.decoding.drafters.base import Draft, Drafter, DraftForward, GenerationContext
 from selfspec.decoding.drafters.feature_head import model_drafter
 from selfspec.decoding.drafters.ngram import NGRAM, NgramDrafter
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
@@ -31,6 +35,17 @@ class HybridDrafter:
         if not draft.tokens:
             draft = self.fallback.draft(tokens, min(max_tokens, self.fallback.max_tokens))
         return draft
+
+    def batch_draft(self, tokens: list[int], max_tokens: int,
+                    rows: int) -> Generator[DraftForward, torch.Tensor, Draft]:
+        """`draft` for a row of a batch: the fallback's draft forwards run with the batch's (where it can)."""
+        draft = self.ngram.draft(tokens, max_tokens)
+        if draft.tokens:
+            return draft
+        max_tokens = min(max_tokens, self.fallback.max_tokens)
+        if getattr(self.fallback, "batch_draft", None) is None:
+            return self.fallback.draft(tokens, max_tokens)
+        return (yield from self.fallback.batch_draft(tokens, max_tokens, rows))
 
     def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
         (self.ngram if source == NGRAM else self.fallback).update(drafted, accepted, path, source)

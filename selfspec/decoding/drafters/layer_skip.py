@@ -1,9 +1,12 @@
 """Draft & Verify's drafter: the target model itself with a skip set, over the target's own cache."""
 
+from collections.abc import Generator
 from functools import partial
 
+import torch
+
 from selfspec.decoding.draft_exit import DraftExit
-from selfspec.decoding.drafters.base import Draft, ExitPolicyDrafter
+from selfspec.decoding.drafters.base import Draft, DraftForward, ExitPolicyDrafter
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
 from selfspec.errors import SelfspecError
 from selfspec.models.cache import forward, forward_hidden
@@ -20,7 +23,7 @@ class SelfDrafter(ExitPolicyDrafter):
         super().__init__(exit_policy)
         self.model, self.skip, self.head = model, skip, head
 
-    def next_logits(self, ids: list[int], start: int):
+    def next_logits(self, ids: list[int], start: int) -> torch.Tensor:
         """(vocab,) logits of the last of `ids`, run at positions start.. over the shared cache."""
         cache = self.context.cache
         if self.head is None:
@@ -30,6 +33,18 @@ class SelfDrafter(ExitPolicyDrafter):
     def draft(self, tokens: list[int], max_tokens: int) -> Draft:
         with skipping(self.model, self.skip):
             return self.draft_loop(self.next_logits, tokens, len(tokens) - 1, max_tokens)
+
+    def batch_draft(self, tokens: list[int], max_tokens: int,
+                    rows: int) -> Generator[DraftForward, torch.Tensor, Draft]:
+        """`draft` for a row of a batch of `rows` (decoding/batch.py): yields each draft forward, to run in one
+        forward with the other rows drafting with the same skip set and head, and is sent its logits (vocab,)."""
+        steps = self.draft_steps(tokens, len(tokens) - 1, max_tokens, rows)
+        try:
+            ids, start = next(steps)
+            while True:
+                ids, start = steps.send((yield DraftForward(self.skip, self.head, ids, start)))
+        except StopIteration as done:
+            return done.value
 
 
 def build_self_spec(inputs: StrategyInputs, policy: str | None = None) -> SelfDrafter:

@@ -26,6 +26,7 @@ class SelfTreeDrafter(SelfDrafter):
     Under the cost-aware exit the tree's shape is the policy's: it plans the chain as for a chain draft, and of the
     `width - 1` runner-ups at every chain position it keeps those whose calibrated chance of acceptance pays for
     the wider verify (`CostAwareExit.shape_tree`; `branch_below` is not used)."""
+    batch_draft = None  # a tree drafts alone in a batch: its own levels, not SelfDrafter's chain
 
     def __init__(self, model, skip: SkipSet, exit_policy: DraftExit, head: DraftHead | None = None, nodes: int = 8,
                  depth: int = 5, width: int = 3, branch_below: float = 0.6):
@@ -147,7 +148,7 @@ def build_self_spec_tree(inputs: StrategyInputs) -> HybridDrafter:
     draft, skip, head, policy = inputs.draft, inputs.skip, inputs.draft_head, inputs.hybrid_policy
     shape = (draft.tree_nodes, draft.tree_depth, draft.tree_width, draft.tree_branch_below)
     if inputs.feature_head is None:
-        tree = SelfTreeDrafter(inputs.model, skip, inputs.exit_policy(policy, skip, head), head, *shape)
+        tree = SelfTreeDrafter(inputs.model, skip, inputs.exit_policy(policy, skip, head, alone=True), head, *shape)
     else:
         features = HeadFeatures(inputs.model, inputs.feature_head, head)
         tree = HeadTreeDrafter(inputs.model, features, head_exit_policy(inputs, policy), *shape)
