@@ -34,9 +34,11 @@ TEST_RUNS = {
     "search_history": (False, {"search.n_trials": 6, "search.data.limit": 2, "search.max_new_tokens": 8}),
     "strategies": (False, {}),
     "sampling": (True, {}),
+    "batch": (True, {"batch_size": "1,4", "data.limit": 1}),  # 7 prompts: batches of 4 and 3
 }
 KEPT_FILES = ("records.jsonl", ".hydra/config.yaml", "trials.jsonl", "best_skip.yaml")
 STEP_FIELDS = tuple(f.name for f in fields(RecordedStep))  # what the figures read of a verification step
+STEP_FIGURES = ("adaptive_trace", "strategies")  # the experiments whose figures read verification steps
 
 
 def command(experiment: str, outputs: Path, multirun: bool, overrides: dict, stamp: str) -> list[str]:
@@ -78,7 +80,7 @@ def slim(outputs: Path, dest: Path, folders: list[Path] | None = None) -> None:
         target = Path(dest) / relative
         target.parent.mkdir(parents=True, exist_ok=True)
         if source.name == "records.jsonl":
-            rows = [_slim_record(row) for row in read_jsonl(source)]
+            rows = [_slim_record(row, relative.parts[1] in STEP_FIGURES) for row in read_jsonl(source)]
             target.write_text("".join(json.dumps(row, separators=(",", ":")) + "\n" for row in rows))
         elif source.name == "config.yaml":  # resolved, without the skip_ratio table of every model's skip sets
             config = OmegaConf.to_container(OmegaConf.load(source), resolve=True)
@@ -88,11 +90,11 @@ def slim(outputs: Path, dest: Path, folders: list[Path] | None = None) -> None:
             shutil.copyfile(source, target)
 
 
-def _slim_record(record: dict) -> dict:
-    """No outputs, timings to 4 digits, only the step fields figures read; plain decoding's steps (one token
-    each, nothing drafted) dropped."""
+def _slim_record(record: dict, keep_steps: bool) -> dict:
+    """No outputs, timings to 4 digits, only the step fields figures read, and steps only where `keep_steps` (the
+    figures read them) and something was drafted (plain decoding's steps: one token each)."""
     record = {k: _round(v) for k, v in record.items() if k not in ("output_ids", "output_text")}
-    steps = record.get("steps", []) if record["drafted"] else []
+    steps = record.get("steps", []) if record["drafted"] and keep_steps else []
     record["steps"] = [{k: _round(step[k]) for k in STEP_FIELDS} for step in steps]
     return record
 

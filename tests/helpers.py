@@ -141,6 +141,7 @@ FIGURES = {
     "search_history": ["search_history", "search_pareto", "search_skip_mask"],
     "strategies": ["strategies_speedup", "strategies_accepted"],
     "sampling": ["sampling"],
+    "batch": ["batch_speedup", "batch_throughput"],
 }
 
 

@@ -18,7 +18,7 @@ from sample_records import TEST_RUNS, slim
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
 
-SWEEPS = {"threshold_sweep", "skip_ratio", "sampling"}
+SWEEPS = {"threshold_sweep", "skip_ratio", "sampling", "batch"}
 
 
 def compose_experiment(name, *overrides):
@@ -126,6 +126,8 @@ def test_slimmed_records_still_make_every_figure(tiny_outputs, tmp_path):
     assert size < 200_000
     for name, make in figs.FIGURE_GROUPS.items():
         assert sorted(make(runs_.latest(tmp_path, name))) == sorted(FIGURES[name])
+    batch = runs_.load_runs(runs_.latest(tmp_path, "batch"))
+    assert not any(r.steps for run in batch for r in run.records)  # its figures read no steps
 
 
 def test_shipped_sample_records_make_every_figure_and_stay_small():
@@ -133,3 +135,11 @@ def test_shipped_sample_records_make_every_figure_and_stay_small():
     assert size < 200_000, f"notebooks/sample_records is {size} bytes"
     for name, make in figs.FIGURE_GROUPS.items():
         assert sorted(make(runs_.latest(runs_.SAMPLE_RECORDS, name))) == sorted(FIGURES[name])
+
+
+@pytest.mark.slow
+def test_batch_sweep_reads_each_jobs_batch_size(tiny_outputs):
+    runs = runs_.load_runs(runs_.latest(tiny_outputs, "batch"))
+    assert [run.batch_size for run in runs] == [1, 4]
+    assert sorted({r.batch_size for r in runs[1].records}) == [3, 4]  # 7 prompts: the last batch is smaller
+    assert all(len(r.batch_neighbours) == r.batch_size - 1 for run in runs for r in run.records)

@@ -1,12 +1,14 @@
 """Plot functions on synthetic typed records (axes, series, labels, values) and their one-line errors."""
 
+import dataclasses
+
 import pytest
 from matplotlib.figure import Figure
 
 from selfspec import plots
 from selfspec.errors import SelfspecError
-from selfspec.records.prompt_records import summarize
-from selfspec.records.runs import Run, Trial, TrialMetrics
+from selfspec.records.prompt_records import aggregate_tokens_per_s, batch_times, summarize
+from selfspec.records.runs import Run, Trial, TrialMetrics, run_from_config
 from selfspec.settings import SkipSet
 
 from helpers import record, run_records
@@ -228,3 +230,83 @@ def test_sampling_has_three_panels_with_a_bar_per_setting():
     assert "strategy self_spec" in title(fig) and "4 prompts" in title(fig)
     with pytest.raises(SelfspecError, match="sampling: no records of strategy 'self_spec'"):
         plots.plot_sampling([Run(records=run_records(strategies=("plain",)))])
+
+
+def batched(records, batch_size):
+    """`records` of one run decoded `batch_size` prompts at a time: each strategy's rows in order, a batch's wall
+    time 1.5 x its slowest row's time (the last batch may be smaller)."""
+    rows = []
+    for strategy in dict.fromkeys(r.strategy for r in records):
+        mine = [r for r in records if r.strategy == strategy]
+        for first in range(0, len(mine), batch_size):
+            batch = mine[first:first + batch_size]
+            ids = [r.question_id for r in batch]
+            wall_s = 1.5 * max(b.elapsed_s for b in batch)
+            rows += [dataclasses.replace(r, batch_size=len(batch), batch_elapsed_s=wall_s,
+                                         batch_neighbours=[i for i in ids if i != r.question_id]) for r in batch]
+    return rows
+
+
+def batch_runs(sizes=(4, 1, 2)):
+    strategies = ("plain", "self_spec_adaptive", "self_spec_tree")
+    return [Run(records=batched(run_records(strategies=strategies, per_category=3, speed=1 + size / 2), size),
+                batch_size=size) for size in sizes]
+
+
+def test_batch_figures_draw_a_line_per_strategy_against_the_sorted_batch_sizes():
+    runs = batch_runs()
+    by_size = sorted(runs, key=lambda run: run.batch_size)
+    fig = plots.plot_batch_speedup(runs, model="tiny_llama", date="2025-01-02")
+    (ax,) = fig.axes
+    assert labelled_lines(ax) == ["self_spec_adaptive", "self_spec_tree", "plain decoding"]
+    adaptive = ax.get_lines()[0]
+    assert list(adaptive.get_xdata()) == pytest.approx([1, 2, 4], rel=0.05)  # sorted, dodged a little
+    assert list(adaptive.get_ydata()) == pytest.approx(
+        [summarize(run.records)["self_spec_adaptive"]["speedup"] for run in by_size])
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "2", "4"] and "batch size" in ax.get_xlabel()
+    assert "×" in ax.get_ylabel() and "tiny_llama" in title(fig) and "2025-01-02" in title(fig)
+    assert len(ax.collections) == 2 * 3  # a whisker per strategy and batch size
+
+    fig = plots.plot_batch_throughput(runs, model="tiny_llama", date="2025-01-02")
+    (ax,) = fig.axes
+    assert labelled_lines(ax) == ["plain", "self_spec_adaptive", "self_spec_tree"]
+    for line, strategy in zip(ax.get_lines(), ("plain", "self_spec_adaptive", "self_spec_tree")):
+        assert list(line.get_ydata()) == pytest.approx(
+            [summarize(run.records)[strategy]["aggregate_tokens_per_s"] for run in by_size])
+    assert "tokens/s" in ax.get_ylabel() and "25–75% of batches" in title(fig)
+    table = plots.batch_table(runs).splitlines()
+    assert len(table) == 2 + 3 * 3 and table[2].startswith("| 1 | plain | ")
+    assert table[-1].startswith("| 4 | self_spec_tree |")
+
+
+@pytest.mark.parametrize("runs,message", [
+    ([], "batch speedup: nothing to plot"),
+    ([Run(records=run_records(), batch_size=1), Run(records=run_records())],
+     "batch speedup: a run has no batch_size in its config; run it with python run.py -m experiment=batch"),
+    ([Run(records=run_records(), batch_size=2), Run(records=run_records(), batch_size=2)],
+     "several runs of one batch size (batch sizes [2, 2])"),
+    ([Run(records=run_records(), batch_size=1), Run(records=run_records(strategies=("plain",)), batch_size=4)],
+     "batch speedup at batch_size=4: no records of strategy 'self_spec' (found: plain)"),
+    ([Run(records=run_records(strategies=("plain",)), batch_size=1)], "only plain decoding"),
+])
+def test_batch_figures_reject_runs_without_a_batch_size_or_a_strategy_in_one_line(runs, message):
+    with pytest.raises(SelfspecError) as error:
+        plots.plot_batch_speedup(runs)
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_run_reads_its_batch_size_from_its_config_and_none_without_it():
+    assert run_from_config([], {"batch_size": 4}).batch_size == 4
+    assert run_from_config([], {}).batch_size is None
+
+
+def test_aggregate_throughput_counts_each_batch_once():
+    records = batched(run_records(strategies=("plain",), per_category=3), 4)  # batches of 4 and 2
+    for r in records:
+        r.elapsed_s, r.batch_elapsed_s = 1.0, (2.0 if r.batch_size == 4 else 1.0)
+    second_turn = [dataclasses.replace(r, turn=1) for r in records]  # the same prompts again: other batches
+    assert [(b.new_tokens, b.wall_s) for b in batch_times(records + second_turn)] == [(40, 2.0), (20, 1.0)] * 2
+    assert aggregate_tokens_per_s(records) == pytest.approx(60 / 3.0)  # per-row times would give 60 / 6.0
+    assert summarize(records + second_turn)["plain"]["aggregate_tokens_per_s"] == pytest.approx(120 / 6.0)
+    fig = plots.plot_batch_throughput([Run(records=records, batch_size=4)])
+    assert fig.axes[0].get_lines()[0].get_ydata()[0] == pytest.approx(20.0)

@@ -10,8 +10,9 @@ from selfspec.plots.common import STYLE
 from selfspec.plots.comparisons import plot_sampling, plot_strategy_speedups
 from selfspec.plots.search import pareto_front, plot_pareto_front, plot_search_history, plot_skip_mask
 from selfspec.plots.steps import plot_accepted_histogram, plot_adaptive_trace
-from selfspec.plots.sweeps import plot_skip_ratio, plot_threshold_sweep
+from selfspec.plots.sweeps import (batch_table, plot_batch_speedup, plot_batch_throughput, plot_skip_ratio,
+                                   plot_threshold_sweep)
 
-__all__ = ["STYLE", "pareto_front", "plot_accepted_histogram", "plot_adaptive_trace", "plot_pareto_front",
-           "plot_sampling", "plot_search_history", "plot_skip_mask", "plot_skip_ratio", "plot_strategy_speedups",
-           "plot_threshold_sweep"]
+__all__ = ["STYLE", "batch_table", "pareto_front", "plot_accepted_histogram", "plot_adaptive_trace",
+           "plot_batch_speedup", "plot_batch_throughput", "plot_pareto_front", "plot_sampling", "plot_search_history",
+           "plot_skip_mask", "plot_skip_ratio", "plot_strategy_speedups", "plot_threshold_sweep"]

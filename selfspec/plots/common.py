@@ -103,11 +103,17 @@ def metric_points(ax, xs, records_list, strategy: str, metric: str, what: str, c
     ys = [strategy_summary(records, strategy, what)[metric] for records in records_list]
     ax.plot(xs, [float("nan") if y is None else y for y in ys], marker=marker, color=color, label=label,
             linestyle=linestyle)
-    for x, records in zip(xs, records_list):
-        spread = quartiles(getattr(r, metric) for r in records if r.strategy == strategy)
+    spread_whiskers(ax, xs, [[getattr(r, metric) for r in records if r.strategy == strategy]
+                             for records in records_list], color)
+    return ys
+
+
+def spread_whiskers(ax, xs, values_list, color) -> None:
+    """At each x a whisker over the 25-75% range of its values (None values ignored; none at all: no whisker)."""
+    for x, values in zip(xs, values_list):
+        spread = quartiles(values)
         if spread is not None:
             ax.vlines(x, *spread, color=color, linewidth=1, alpha=0.6)
-    return ys
 
 
 def metric_axes(axes, metrics) -> None:

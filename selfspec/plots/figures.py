@@ -62,7 +62,13 @@ def sampling_figures(path: str | Path) -> dict:
     return {"sampling": plots.plot_sampling(runs, model=runs[0].model, date=runs[0].date)}
 
 
-SWEEPS = ("threshold_sweep", "skip_ratio", "sampling")  # experiments run with -m
+def batch_figures(path: str | Path) -> dict:
+    runs = load_runs(path)
+    return {"batch_speedup": plots.plot_batch_speedup(runs, model=runs[0].model, date=runs[0].date),
+            "batch_throughput": plots.plot_batch_throughput(runs, model=runs[0].model, date=runs[0].date)}
+
+
+SWEEPS = ("threshold_sweep", "skip_ratio", "sampling", "batch")  # experiments run with -m
 FIGURE_GROUPS = {
     "threshold_sweep": threshold_sweep_figures,
     "adaptive_trace": adaptive_trace_figures,
@@ -70,6 +76,7 @@ FIGURE_GROUPS = {
     "search_history": search_history_figures,
     "strategies": strategies_figures,
     "sampling": sampling_figures,
+    "batch": batch_figures,
 }
 
 

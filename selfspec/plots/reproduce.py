@@ -40,6 +40,7 @@ SMOKE = (
                                          "data.limit=2", "sampling.max_new_tokens=32")),
     Experiment("strategies", False, ("data.limit=2", "sampling.max_new_tokens=32")),
     Experiment("sampling", True, ("data.limit=2", "sampling.max_new_tokens=32")),
+    Experiment("batch", True, ("batch_size=1,4", "data.limit=1", "sampling.max_new_tokens=32")),
 )
 # paper: the commands behind docs/results.md's figures; the experiments' own settings where it shows none
 PAPER = (
@@ -51,6 +52,7 @@ PAPER = (
     Experiment("strategies", False, ("model=gemma3_270m", "data.limit=4",
                                      "strategies=[plain,self_spec_adaptive,self_spec_hybrid,prompt_lookup]")),
     Experiment("sampling", True, ()),
+    Experiment("batch", True, ()),
 )
 PLANS = {"smoke": SMOKE, "paper": PAPER}
 

@@ -159,11 +159,9 @@ def _aggregate(mine: list[PromptRecord], plain: list[PromptRecord]) -> dict:
     drafted = sum(r.drafted for r in mine)
     matches = [r.matches_plain for r in mine if r.matches_plain is not None]
     parted = [r.first_difference for r in mine if r.first_difference is not None]
-    batches = {(r.turn, frozenset([r.question_id, *r.batch_neighbours])): r.batch_elapsed_s or r.elapsed_s
-               for r in mine}  # each batch's wall time, once
     return {
         "tokens_per_s": tokens_per_s,
-        "aggregate_tokens_per_s": tokens / sum(batches.values()),
+        "aggregate_tokens_per_s": aggregate_tokens_per_s(mine),
         "batch_size": max(r.batch_size for r in mine),
         "speedup": tokens_per_s / plain_tps if plain_tps else None,
         "acceptance_rate": sum(r.accepted for r in mine) / drafted if drafted else None,
@@ -177,6 +175,36 @@ def _aggregate(mine: list[PromptRecord], plain: list[PromptRecord]) -> dict:
         "median_prompt_speedup": statistics.median(s) if (s := [r.speedup for r in mine
                                                                  if r.speedup is not None]) else None,
     }
+
+
+@dataclass
+class BatchTime:
+    """One batch of one strategy's records: the new tokens of all its rows and its wall time (s)."""
+    new_tokens: int
+    wall_s: float
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.wall_s
+
+
+def batch_times(records: list[PromptRecord]) -> list[BatchTime]:
+    """Each batch of one strategy's records once, in order of appearance: a batch's rows share the turn and the
+    question ids decoded together, and each holds the batch's wall time (batch_elapsed_s; records written before
+    batching: their own elapsed_s, a batch of one)."""
+    batches: dict[tuple[int, frozenset[str]], BatchTime] = {}
+    for r in records:
+        batch = batches.setdefault((r.turn, frozenset([r.question_id, *r.batch_neighbours])),
+                                   BatchTime(0, r.batch_elapsed_s or r.elapsed_s))
+        batch.new_tokens += r.new_tokens
+    return list(batches.values())
+
+
+def aggregate_tokens_per_s(records: list[PromptRecord]) -> float:
+    """All new tokens of one strategy's records over the wall times of their batches, each batch counted once: the
+    throughput of decoding batch_size prompts together (tokens/s)."""
+    batches = batch_times(records)
+    return sum(b.new_tokens for b in batches) / sum(b.wall_s for b in batches)
 
 
 def markdown_table(summary: dict) -> str:

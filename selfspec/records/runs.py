@@ -17,7 +17,7 @@ from selfspec.errors import SelfspecError
 from selfspec.records.prompt_records import PromptRecord, read_jsonl, read_records
 from selfspec.settings import SkipSet, default_threshold, make_skip_set
 
-EXPERIMENTS = ("threshold_sweep", "adaptive_trace", "skip_ratio", "search_history", "strategies", "sampling")
+EXPERIMENTS = ("threshold_sweep", "adaptive_trace", "skip_ratio", "search_history", "strategies", "sampling", "batch")
 REPOSITORY = Path(__file__).resolve().parents[2]
 SAMPLE_RECORDS = REPOSITORY / "notebooks" / "sample_records"  # laid out like outputs/: experiments/<name>/<date_time>
 _DATE = re.compile(r"(\d{4}-\d{2}-\d{2})(?:[_T ](\d{2})[-:](\d{2}))?")
@@ -36,6 +36,7 @@ class Run:
     skip_set: str | None = None  # the skip_ratio experiment's name of the skip set; "searched": the search's
     skipped_fraction: float | None = None  # share of the 2 x layers sublayers skipped; None: no skip set or layer count
     sampling_label: str = "greedy"  # "greedy", or "T=0.7, top-p 0.9", ...
+    batch_size: int | None = None  # prompts decoded together (run.py batch_size); None: a config without it
 
 
 @dataclass
@@ -136,7 +137,8 @@ def run_from_config(records: list[PromptRecord], config: dict, path: Path | None
                draft_policy=str(draft.get("policy", "?")),
                draft_threshold=default_threshold(greedy) if threshold is None else threshold,
                target_acceptance=draft.get("target_acceptance"), skip_set=config.get("skip_set"),
-               skipped_fraction=skipped_fraction(config), sampling_label=sampling_label(config))
+               skipped_fraction=skipped_fraction(config), sampling_label=sampling_label(config),
+               batch_size=config.get("batch_size"))
 
 
 def load_run(run_dir: str | Path) -> Run:
