@@ -47,7 +47,7 @@ class Strategy:
     target_gate: float | None = None
     rules: TextRules | None = None  # banned words and stop strings (decoding/text_rules.py)
     new_drafter: Callable[[int], Drafter | None] = lambda rows: None  # a fresh drafter for a row of a batch of rows
-    row_drafters: dict[int, list[Drafter | None]] = field(default_factory=dict, init=False)
+    row_drafters: dict[int, list[Drafter | None]] = field(default_factory=dict)  # by batch size; shared by replace()
 
     def drafters(self, rows: int) -> list[Drafter | None]:
         """One drafter per row of a batch of `rows`, kept for the next batch of that size (their draft-exit
