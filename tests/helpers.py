@@ -1,22 +1,29 @@
 """Helpers shared by the test modules (plain functions and constants; shared fixtures live in conftest.py)."""
 
+import json
+import socket
 import subprocess
 import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
 import gguf
+import httpx
 import numpy as np
 import torch
 from hydra import compose, initialize_config_dir
 from scipy.stats import chisquare
 
+from selfspec import SelfSpeculativeDecoder
 from selfspec.decoding.sampling import logits_processor, scores
 from selfspec.decoding.speculative import settled
 from selfspec.decoding.verify import Emitted
 from selfspec.decoding.text_rules import OutputWatch
 from selfspec.models.tiny import byte_tokenizer
 from selfspec.models.cache import forward, new_cache
+from selfspec.models.loading import load_model
 from selfspec.records.prompt_records import PromptRecord, RecordedStep
 from selfspec.settings import ModelSettings, RunSettings, from_config, typed
 
@@ -208,3 +215,53 @@ def main_in_process(monkeypatch, capsys, *overrides: str) -> tuple[int, str]:
     except SystemExit as stop:
         code = stop.code
     return code, capsys.readouterr().err
+
+
+# the server: `run.py task=serve` subprocesses (tests/test_serve.py, tests/test_serve_batch.py)
+
+@contextmanager
+def server(tmp_path: Path, *overrides: str):
+    """A `run.py task=serve` subprocess on a free port; yields its base URL once /health answers."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = open(tmp_path / "server.log", "w")
+    command = [sys.executable, "run.py", "task=serve", f"serve.port={port}", f"hydra.run.dir={tmp_path}", *overrides]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 600
+        while not _healthy(url):
+            assert process.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the server did not answer /health within 600 s"
+            time.sleep(0.5)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+        log.close()
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def plain_decoder(*overrides: str) -> SelfSpeculativeDecoder:
+    """Plain greedy decoding in this process, over the weights a server with these overrides loads."""
+    loaded = load_model(run_settings(*overrides).model)
+    return SelfSpeculativeDecoder(loaded.model, loaded.tokenizer, strategy="plain")
+
+
+def chat(content: str) -> list[dict]:
+    return [{"role": "user", "content": content}]
+
+
+def stream_events(client: httpx.Client, url: str, body: dict) -> list[dict]:
+    with client.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=600) as response:
+        assert response.status_code == 200, response.read()
+        data = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    return [json.loads(event) for event in data[:-1]]

@@ -18,7 +18,7 @@ import torch
 
 from selfspec.api.streaming import Chunk, DecodingStats, stream_chunks
 from selfspec.data.prompt_sets import as_token_ids, calibration_texts
-from selfspec.decoding.verify import TokenLogprob
+from selfspec.decoding.verify import Emitted, TokenLogprob
 from selfspec.decoding.strategies import REGISTRY, Strategy, make_strategy
 from selfspec.decoding.text_rules import text_rules
 from selfspec.errors import SelfspecError
@@ -51,6 +51,21 @@ class Completion:
     finish_reason: str  # "stop" (EOS or a stop string) | "length"
     stats: DecodingStats
     logprobs: list[TokenLogprob] | None = None  # per token of token_ids, when asked for (`logprobs=N`)
+
+
+@dataclass
+class Job:
+    """One generation, set up: its prompt's token ids, its strategy (sampling settings and text rules, with the
+    strategy's drafter for batch size 1), its random generator (None: torch's global one) and how many
+    alternatives each token's log-probability comes with (None: no log-probabilities)."""
+    ids: list[int]
+    strategy: Strategy
+    generator: torch.Generator | None
+    logprobs: int | None
+
+    def steps(self) -> Iterator[Emitted]:
+        """Decode alone (batch size 1): what the prefill emitted, then what each verification emitted."""
+        return self.strategy.steps(self.ids, self.generator, self.logprobs)
 
 
 class SelfSpeculativeDecoder:
@@ -117,14 +132,27 @@ class SelfSpeculativeDecoder:
         a last one with the finish reason. Stopping the iteration stops the generation at the next step.
         `banned_words`: words the output may not contain (decoding rolls back where one completes); `logprobs=N`:
         each token's log-probability under the full model and its N most likely alternatives (N <= 20)."""
+        job = self.job(prompt, max_new_tokens, temperature, top_p, top_k, repetition_penalty, seed, stop,
+                       banned_words, case_sensitive, logprobs)
+        return self.chunks(job.steps(), job)
+
+    def job(self, prompt: Prompt, max_new_tokens: int = DEFAULT_SAMPLING.max_new_tokens,
+            temperature: float = DEFAULT_SAMPLING.temperature, top_p: float = DEFAULT_SAMPLING.top_p,
+            top_k: int = DEFAULT_SAMPLING.top_k, repetition_penalty: float = DEFAULT_SAMPLING.repetition_penalty,
+            seed: int | None = None, stop: Sequence[str] = (), banned_words: Sequence[str] = (),
+            case_sensitive: bool = DEFAULT_CONSTRAINTS.case_sensitive, logprobs: int | None = None) -> "Job":
+        """What `stream` decodes, set up and checked but not started (a server's batch runs it: serve/batcher.py)."""
         ids = self.encode(prompt)
         if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
             raise SelfspecError(f"logprobs={logprobs} is not allowed; allowed: 0..{MAX_TOP_LOGPROBS}")
         sampling = SamplingSettings(temperature, top_k, top_p, repetition_penalty, max_new_tokens, tuple(stop))
         rules = text_rules(self.model, self.tokenizer, banned_words, case_sensitive, sampling.stop)
         generator = torch.Generator(output_device(self.model)).manual_seed(seed) if seed is not None else None
-        steps = dataclasses.replace(self.strategy(sampling), rules=rules).steps(ids, generator, logprobs)
-        return stream_chunks(steps, self.tokenizer, self.end_ids, rules)
+        return Job(ids, dataclasses.replace(self.strategy(sampling), rules=rules), generator, logprobs)
+
+    def chunks(self, steps: Iterator[Emitted], job: "Job") -> Iterator[Chunk]:
+        """`job`'s Chunks over `steps`, what its generation emits (its own `steps()`, or its row of a batch)."""
+        return stream_chunks(steps, self.tokenizer, self.end_ids, job.strategy.rules)
 
     def generate(self, prompt: Prompt, max_new_tokens: int = DEFAULT_SAMPLING.max_new_tokens,
                  temperature: float = DEFAULT_SAMPLING.temperature, top_p: float = DEFAULT_SAMPLING.top_p,
