@@ -1,11 +1,8 @@
 """Helpers shared by the test modules (plain functions and constants; shared fixtures live in conftest.py)."""
 
 import json
-import socket
 import subprocess
 import sys
-import time
-from contextlib import contextmanager
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -25,6 +22,7 @@ from selfspec.models.tiny import byte_tokenizer
 from selfspec.models.cache import forward, new_cache
 from selfspec.models.loading import load_model
 from selfspec.records.prompt_records import PromptRecord, RecordedStep
+from selfspec.serve.bench import local_server
 from selfspec.settings import ModelSettings, RunSettings, from_config, typed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -217,36 +215,9 @@ def main_in_process(monkeypatch, capsys, *overrides: str) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
-# the server: `run.py task=serve` subprocesses (tests/test_serve.py, tests/test_serve_batch.py)
+# the server (tests/test_serve.py, tests/test_serve_batch.py, tests/test_serve_bench.py)
 
-@contextmanager
-def server(tmp_path: Path, *overrides: str):
-    """A `run.py task=serve` subprocess on a free port; yields its base URL once /health answers."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    log = open(tmp_path / "server.log", "w")
-    command = [sys.executable, "run.py", "task=serve", f"serve.port={port}", f"hydra.run.dir={tmp_path}", *overrides]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while not _healthy(url):
-            assert process.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the server did not answer /health within 600 s"
-            time.sleep(0.5)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        log.close()
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
+server = local_server  # server(tmp_path, *overrides): a task=serve subprocess; yields its URL once /health answers
 
 
 def plain_decoder(*overrides: str) -> SelfSpeculativeDecoder:

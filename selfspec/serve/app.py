@@ -170,7 +170,7 @@ def make_app(decoders: dict[str, SelfSpeculativeDecoder], model_name: str, serve
             except DecodingFailed as failure:  # the response has started: the error is its last event
                 yield json.dumps(error_body(str(failure), kind="server_error"))
             finally:
-                chunks.close()  # no step is running here: iterate_in_threadpool waited for it
+                chunks.close()  # takes its row out of the batch; no `next` runs now: iterate_in_threadpool waited
         yield "[DONE]"
 
     async def whole(chunks, reply: Reply, ticket: Ticket, request: Request) -> dict:
