@@ -85,7 +85,8 @@ def test_requests_of_other_strategies_and_modes_join_the_running_batch_and_decod
         outputs = [[] for _ in jobs]
         for i in (0, 1, 0, 1, 0, 1, 2, 3):  # two rows start; the others join a few steps later
             next(rows[i]).onto(outputs[i])
-        assert running.size == 4
+        hybrid_greedy = [len(running.pools["self_spec_hybrid", True, rows]) for rows in (1, 2, 3, 4)]
+        assert running.size == 4 and hybrid_greedy == [0, 2, 3, 3]  # rows 0 and 3 joined batches of 1 and 4
         for output, row in zip(outputs, rows):
             tokens(row, output)  # the rest, as the row's reader sees it
         assert running.row_steps > running.steps  # steps verified several rows
@@ -111,7 +112,7 @@ def test_a_failing_prefill_ends_its_own_request_and_the_batch_decodes_on(decoder
 def test_a_reader_that_leaves_frees_its_row_and_drafter_for_the_next_request(decoders):
     hybrid = decoders["self_spec_hybrid"]
     with batcher(decoders, 2) as running:
-        pool = list(running.pools["self_spec_hybrid", True])
+        pools = {key: list(pool) for key, pool in running.pools.items()}
         rows = [running.row(hybrid.job(prompt, NEW_TOKENS)).emitted() for prompt in LONG_PROMPTS[:3]]
         outputs = [[], [], []]
         for i in (0, 1, 0, 1, 0, 1):
@@ -121,14 +122,17 @@ def test_a_reader_that_leaves_frees_its_row_and_drafter_for_the_next_request(dec
         for i in (1, 2):  # the third joins in the freed row
             tokens(rows[i], outputs[i])
         until(lambda: running.size == 0)
-        assert sorted(map(id, running.pools["self_spec_hybrid", True])) == sorted(map(id, pool))
+        assert {key: sorted(map(id, pool)) for key, pool in running.pools.items()} == \
+            {key: sorted(map(id, pool)) for key, pool in pools.items()}
     assert outputs[1:] == [alone(decoders, prompt) for prompt in LONG_PROMPTS[1:3]]
 
 
 def test_each_row_holds_the_longest_request_and_the_widest_draft(decoders):
     pools = drafter_pools(decoders.values(), SAMPLING, 2)
-    widest = max(d.max_tokens for d in pools["self_spec_hybrid", True] + pools["self_spec_hybrid", False])
-    assert widest > 0 and pools["plain", True] == pools["plain", False] == [None, None]
+    assert [len(pools["self_spec_hybrid", greedy, rows]) for greedy in (True, False) for rows in (1, 2)] == [1, 2] * 2
+    assert pools["plain", True, 2] == pools["plain", False, 2] == [None, None]
+    widest = max(d.max_tokens for pool in pools.values() for d in pool if d is not None)
+    assert widest > 0
     assert row_length(SERVE, None, pools) == 64 + NEW_TOKENS + widest + 1
     assert row_length(SERVE, 80, pools) == 80 + widest + 1  # the model's context is the tighter bound
     plain_only = {key: pool for key, pool in pools.items() if key[0] == "plain"}

@@ -5,8 +5,11 @@ A request's generation joins the running batch before the next step (its prefill
 others (every row drafts, one forward verifies all rows), and leaves when it ends or when its request stops reading
 (the client went away). Each request reads what its own generation emitted from its own queue (`Row.emitted`), so
 its stream is built from its own steps as at batch size 1. Rows may differ in strategy and sampling settings: each
-brings its own settings, and a drafter taken from a pool per (strategy, greedy or sampled) and given back when it
-leaves; the pooled drafters' draft-exit policies go on learning from one request to the next.
+brings its own settings, and a drafter taken from a pool and given back when it leaves. The pools hold, per
+(strategy, greedy or sampled), drafters built for rows of a batch of each size (their cost-aware exits weigh a row's
+share of that batch's verify); a row takes one for the size the batch has once it joined: a lone request drafts as
+at batch size 1, one joining a full batch as a row of a full batch. The pooled drafters' draft-exit policies go on
+learning from one request to the next.
 
 A prefill that fails ends its own request only; a step that fails ends the requests it stepped (their rows share
 the one forward), and the worker goes on with the next requests.
@@ -26,20 +29,23 @@ from selfspec.settings import SamplingSettings, ServeSettings
 
 END = object()  # what a row's queue holds after its generation's last Emitted
 
-Pools = dict[tuple[str, bool], list[Drafter | None]]  # (strategy name, greedy) -> the free drafters (None: plain)
+Pools = dict[tuple[str, bool, int], list[Drafter | None]]  # (strategy name, greedy, batch size) -> free drafters
 
 
 class DecodingFailed(Exception):
     """What ended a request's generation in the batch: its prefill, or a step it took part in, raised."""
 
 
-def drafter_pools(decoders: Iterable[SelfSpeculativeDecoder], sampling: SamplingSettings, rows: int) -> Pools:
-    """`rows` drafters for rows of a batch of `rows`, per strategy of `decoders` and per mode (greedy, sampled)."""
+def drafter_pools(decoders: Iterable[SelfSpeculativeDecoder], sampling: SamplingSettings, capacity: int) -> Pools:
+    """Per strategy of `decoders`, mode (greedy, sampled) and batch size n up to `capacity`: n drafters for rows of
+    a batch of n (None: plain decoding). At most n rows hold drafters of size n at once: the last of them to join
+    found the others there."""
     pools = {}
     for decoder in decoders:
         for temperature in (0.0, 1.0):
             strategy = decoder.strategy(replace(sampling, temperature=temperature))
-            pools[strategy.name, strategy.settings.greedy] = list(strategy.drafters(rows))
+            for rows in range(1, capacity + 1):
+                pools[strategy.name, strategy.settings.greedy, rows] = list(strategy.drafters(rows))
     return pools
 
 
@@ -60,11 +66,8 @@ class Row:
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()  # Emitted ..., then END; or a DecodingFailed
         self.generation: Generation | None = None  # once its prefill ran
         self.drafter: Drafter | None = None  # from the pool, while it decodes
+        self.pool: tuple[str, bool, int] | None = None  # which pool it came from
         self.left = False  # its request stopped reading
-
-    @property
-    def pool(self) -> tuple[str, bool]:
-        return self.job.strategy.name, self.job.strategy.settings.greedy
 
     def emitted(self) -> Iterator[Emitted]:
         """What the generation emits: the prefill's token, then each step's. It joins the batch at the first
@@ -164,6 +167,7 @@ class Batcher:
     def _start(self, row: Row) -> None:
         """The row's prefill, alone; it decodes with the others from the next step unless it ended already."""
         job, strategy = row.job, row.job.strategy
+        row.pool = strategy.name, strategy.settings.greedy, len(self.batch.rows) + 1
         row.drafter = self.pools[row.pool].pop()
         try:
             row.generation, emitted = self.batch.add(job.ids, strategy.settings, row.drafter, strategy.end_ids,
