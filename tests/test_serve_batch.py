@@ -16,7 +16,7 @@ import pytest
 from selfspec import SelfSpeculativeDecoder
 from selfspec.decoding.verify import Emitted
 from selfspec.models.tiny import byte_tokenizer, tiny_model
-from selfspec.serve.batcher import Batcher, DecodingFailed, drafter_pools, row_length
+from selfspec.serve.batcher import Batcher, DecodingFailed, drafter_pools, pool_sizes, row_length
 from selfspec.settings import default_settings
 
 from helpers import chat, plain_decoder, printable, run_settings, server
@@ -85,8 +85,8 @@ def test_requests_of_other_strategies_and_modes_join_the_running_batch_and_decod
         outputs = [[] for _ in jobs]
         for i in (0, 1, 0, 1, 0, 1, 2, 3):  # two rows start; the others join a few steps later
             next(rows[i]).onto(outputs[i])
-        hybrid_greedy = [len(running.pools["self_spec_hybrid", True, rows]) for rows in (1, 2, 3, 4)]
-        assert running.size == 4 and hybrid_greedy == [0, 2, 3, 3]  # rows 0 and 3 joined batches of 1 and 4
+        hybrid_greedy = [len(running.pools["self_spec_hybrid", True, rows]) for rows in (1, 2, 4)]
+        assert running.size == 4 and hybrid_greedy == [0, 2, 3]  # rows 0 and 3 joined batches of 1 and 4
         for output, row in zip(outputs, rows):
             tokens(row, output)  # the rest, as the row's reader sees it
         assert running.row_steps > running.steps  # steps verified several rows
@@ -135,6 +135,7 @@ def test_each_row_holds_the_longest_request_and_the_widest_draft(decoders):
     assert widest > 0
     assert row_length(SERVE, None, pools) == 64 + NEW_TOKENS + widest + 1
     assert row_length(SERVE, 80, pools) == 80 + widest + 1  # the model's context is the tighter bound
+    assert pool_sizes(8) == [1, 2, 4, 8] and pool_sizes(6) == [1, 2, 4, 6] and pool_sizes(1) == [1]
     plain_only = {key: pool for key, pool in pools.items() if key[0] == "plain"}
     assert row_length(replace(SERVE, max_tokens=1), None, plain_only) == 64 + 1 + 1
 

@@ -19,7 +19,7 @@ import torch
 from selfspec.api.streaming import Chunk, DecodingStats, stream_chunks
 from selfspec.data.prompt_sets import as_token_ids, calibration_texts
 from selfspec.decoding.verify import Emitted, TokenLogprob
-from selfspec.decoding.strategies import REGISTRY, Strategy, make_strategy
+from selfspec.decoding.strategies import REGISTRY, Strategy, cost_meter, make_strategy
 from selfspec.decoding.text_rules import text_rules
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import output_device
@@ -95,7 +95,8 @@ class SelfSpeculativeDecoder:
         self.end_ids = model_end_ids(model, tokenizer)
         self._make = partial(make_strategy, strategy, model, end_ids=self.end_ids, skip=skip_set,
                              draft=draft, draft_model=draft_model, draft_head=heads(vocab) if vocab else None,
-                             kangaroo=kangaroo, searched=searched_draft)
+                             kangaroo=kangaroo, searched=searched_draft,
+                             costs=cost_meter(model, draft))  # greedy and sampled share the measured costs
         self._strategies: dict[bool, Strategy] = {}
         self.strategy(DEFAULT_SAMPLING)  # a bad combination fails here, not at the first request
 

@@ -6,10 +6,10 @@ others (every row drafts, one forward verifies all rows), and leaves when it end
 (the client went away). Each request reads what its own generation emitted from its own queue (`Row.emitted`), so
 its stream is built from its own steps as at batch size 1. Rows may differ in strategy and sampling settings: each
 brings its own settings, and a drafter taken from a pool and given back when it leaves. The pools hold, per
-(strategy, greedy or sampled), drafters built for rows of a batch of each size (their cost-aware exits weigh a row's
-share of that batch's verify); a row takes one for the size the batch has once it joined: a lone request drafts as
-at batch size 1, one joining a full batch as a row of a full batch. The pooled drafters' draft-exit policies go on
-learning from one request to the next.
+(strategy, greedy or sampled), drafters built for rows of batches of 1, 2, 4, ... and max_batch rows (their
+cost-aware exits weigh a row's share of that batch's verify); a row takes one for the first of these sizes that
+holds the batch it joins: a lone request drafts as at batch size 1, one joining a full batch as a row of a full
+batch. The pooled drafters' draft-exit policies go on learning from one request to the next.
 
 A prefill that fails ends its own request only; a step that fails ends the requests it stepped (their rows share
 the one forward), and the worker goes on with the next requests.
@@ -37,16 +37,22 @@ class DecodingFailed(Exception):
 
 
 def drafter_pools(decoders: Iterable[SelfSpeculativeDecoder], sampling: SamplingSettings, capacity: int) -> Pools:
-    """Per strategy of `decoders`, mode (greedy, sampled) and batch size n up to `capacity`: n drafters for rows of
-    a batch of n (None: plain decoding). At most n rows hold drafters of size n at once: the last of them to join
-    found the others there."""
+    """Per strategy of `decoders`, mode (greedy, sampled) and size n of `pool_sizes(capacity)`: n drafters for rows
+    of a batch of n (None: plain decoding). At most n rows hold drafters of size n at once: the last of them to
+    join found the others there, in a batch of at most n."""
     pools = {}
     for decoder in decoders:
         for temperature in (0.0, 1.0):
             strategy = decoder.strategy(replace(sampling, temperature=temperature))
-            for rows in range(1, capacity + 1):
+            for rows in pool_sizes(capacity):
                 pools[strategy.name, strategy.settings.greedy, rows] = list(strategy.drafters(rows))
     return pools
+
+
+def pool_sizes(capacity: int) -> list[int]:
+    """1, 2, 4, ... below `capacity`, then `capacity`: the batch sizes drafters are built for (each size's
+    cost-aware exit measures that batch's verify once)."""
+    return [2 ** i for i in range(capacity.bit_length()) if 2 ** i < capacity] + [capacity]
 
 
 def row_length(serve: ServeSettings, context_length: int | None, pools: Pools) -> int:
@@ -167,7 +173,8 @@ class Batcher:
     def _start(self, row: Row) -> None:
         """The row's prefill, alone; it decodes with the others from the next step unless it ended already."""
         job, strategy = row.job, row.job.strategy
-        row.pool = strategy.name, strategy.settings.greedy, len(self.batch.rows) + 1
+        size = next(n for n in pool_sizes(self.batch.cache.capacity) if n > len(self.batch.rows))
+        row.pool = strategy.name, strategy.settings.greedy, size
         row.drafter = self.pools[row.pool].pop()
         try:
             row.generation, emitted = self.batch.add(job.ids, strategy.settings, row.drafter, strategy.end_ids,
