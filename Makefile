@@ -13,10 +13,10 @@ LIMIT ?= 3  # prompts per set: 21 over mix's 7 sets
 OUT ?=
 ARGS ?=
 
-.PHONY: help install run test test-fast bench search train-draft figures reproduce serve clean
+.PHONY: help install run test test-fast bench search train-draft figures reproduce serve serve-bench clean
 
 help:  ## List the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-9s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -76,6 +76,12 @@ PORT ?= 8000
 
 serve: install  ## OpenAI-compatible server + page on http://127.0.0.1:PORT/ (MODEL=, PORT=, ARGS=)
 	$(PY) run.py task=serve model=$(MODEL) serve.port=$(PORT) $(ARGS)
+
+# The load test runs the tiny random model unless MODEL is given on the command line (MODEL=smollm2: real figures).
+BENCH_MODEL := $(if $(filter command line,$(origin MODEL)),$(MODEL),tiny_llama)
+
+serve-bench: install  ## Load test: 1/4/8/16 streaming clients, serve.max_batch=1 vs 8 (MODEL=smollm2, OUT=, ARGS=)
+	$(PY) -m selfspec.serve.bench --model $(BENCH_MODEL) --out $(or $(OUT),outputs/serve_bench/$(BENCH_MODEL)) $(ARGS)
 
 clean:  ## Remove the virtual environment
 	rm -rf $(VENV)

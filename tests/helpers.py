@@ -1,23 +1,28 @@
 """Helpers shared by the test modules (plain functions and constants; shared fixtures live in conftest.py)."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import gguf
+import httpx
 import numpy as np
 import torch
 from hydra import compose, initialize_config_dir
 from scipy.stats import chisquare
 
+from selfspec import SelfSpeculativeDecoder
 from selfspec.decoding.sampling import logits_processor, scores
 from selfspec.decoding.speculative import settled
 from selfspec.decoding.verify import Emitted
 from selfspec.decoding.text_rules import OutputWatch
 from selfspec.models.tiny import byte_tokenizer
 from selfspec.models.cache import forward, new_cache
+from selfspec.models.loading import load_model
 from selfspec.records.prompt_records import PromptRecord, RecordedStep
+from selfspec.serve.bench import local_server
 from selfspec.settings import ModelSettings, RunSettings, from_config, typed
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -209,3 +214,26 @@ def main_in_process(monkeypatch, capsys, *overrides: str) -> tuple[int, str]:
     except SystemExit as stop:
         code = stop.code
     return code, capsys.readouterr().err
+
+
+# the server (tests/test_serve.py, tests/test_serve_batch.py, tests/test_serve_bench.py)
+
+server = local_server  # server(tmp_path, *overrides): a task=serve subprocess; yields its URL once /health answers
+
+
+def plain_decoder(*overrides: str) -> SelfSpeculativeDecoder:
+    """Plain greedy decoding in this process, over the weights a server with these overrides loads."""
+    loaded = load_model(run_settings(*overrides).model)
+    return SelfSpeculativeDecoder(loaded.model, loaded.tokenizer, strategy="plain")
+
+
+def chat(content: str) -> list[dict]:
+    return [{"role": "user", "content": content}]
+
+
+def stream_events(client: httpx.Client, url: str, body: dict) -> list[dict]:
+    with client.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=600) as response:
+        assert response.status_code == 200, response.read()
+        data = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    return [json.loads(event) for event in data[:-1]]

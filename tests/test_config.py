@@ -47,6 +47,9 @@ def test_each_model_brings_its_own_skip_set():
     (["draft.threshold=high"], "draft.threshold=high is not allowed; it must be a number"),
     (["search=optuna", "search.n_trials=-3"], "search.n_trials=-3 must be >= 1"),
     (["skip=file", "skip.path={broken}"], "skip.path='{broken}' is not valid YAML (line 2)"),
+    (["task=serve", "serve.max_batch=0"], "serve.max_batch=0 must be >= 1 (1: one request decodes at a time)"),
+    (["task=serve", "serve.max_batch=-1"], "serve.max_batch=-1 must be >= 1 (1: one request decodes at a time)"),
+    (["task=serve", "serve.max_batch=many"], "serve.max_batch=many is not allowed; it must be an integer"),
 ])
 def test_bad_values_end_with_one_clear_line(tmp_path, monkeypatch, capsys, overrides, message):
     broken = tmp_path / "broken.yaml"

@@ -310,3 +310,22 @@ def test_aggregate_throughput_counts_each_batch_once():
     assert summarize(records + second_turn)["plain"]["aggregate_tokens_per_s"] == pytest.approx(120 / 6.0)
     fig = plots.plot_batch_throughput([Run(records=records, batch_size=4)])
     assert fig.axes[0].get_lines()[0].get_ydata()[0] == pytest.approx(20.0)
+
+
+def test_serve_load_has_three_panels_over_clients_with_a_colour_per_max_batch():
+    from selfspec.records.serve_load import LoadCell
+
+    cells = [LoadCell(batch, clients, 2 * clients, 100 * clients, 2.0, 50.0 * clients / batch ** 0.5, 0.1 * clients,
+                      0.2 * clients, 30.0 / clients, 40.0 / clients, float(min(batch, clients)))
+             for batch in (8, 1) for clients in (4, 1, 16)]
+    fig = plots.plot_serve_load(cells, model="m", date="d")
+    throughput, first_token, per_request = fig.axes
+    assert labelled_lines(throughput) == ["serve.max_batch=1", "serve.max_batch=8"] and len(fig.legends) == 1
+    assert [len(ax.get_lines()) for ax in fig.axes] == [2, 4, 4]  # dashed p95 beside the p50 lines
+    assert list(throughput.get_lines()[1].get_xdata()) == [1, 4, 16]
+    assert list(throughput.get_lines()[1].get_ydata()) == pytest.approx([50 / 8 ** 0.5, 200 / 8 ** 0.5, 800 / 8 ** 0.5])
+    assert list(first_token.get_lines()[1].get_ydata()) == pytest.approx([0.2, 0.8, 3.2])  # max_batch=1's p95
+    assert list(per_request.get_lines()[0].get_ydata()) == pytest.approx([30, 7.5, 1.875])
+    assert "model: m" in title(fig) and "dashed: p95" in title(fig)
+    with pytest.raises(SelfspecError, match="serve load: nothing to plot"):
+        plots.plot_serve_load([])

@@ -5,7 +5,6 @@ the API key, and the page in headless Chromium (the screenshot lands in outputs/
 import asyncio
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -17,9 +16,8 @@ import pytest
 from openai import OpenAI
 
 from selfspec import SelfSpeculativeDecoder
-from selfspec.models.loading import load_model
 
-from helpers import printable, run_settings
+from helpers import chat, plain_decoder, printable, server, stream_events
 
 pytestmark = pytest.mark.slow  # run.py server subprocesses
 
@@ -27,38 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 ARTIFACTS = ROOT / "outputs" / "test_artifacts"
 # the served hybrid on the adaptive exit: on a random tiny model drafting never pays, so the cost-aware exit would
 # (rightly) draft almost nothing and the page would show no accepted draft tokens
-TINY = ("model=tiny_llama", "logger=none", "draft.hybrid_policy=adaptive")
+# in float64: a batch's forward rounds as a forward of one row does, so replies equal plain decoding's exactly
+TINY = ("model=tiny_llama", "model.dtype=float64", "logger=none", "draft.hybrid_policy=adaptive")
 LONG = (*TINY, "model.seed=1")  # its greedy reply to "a long reply" runs 300 tokens without an EOS
-
-
-@contextmanager
-def server(tmp_path: Path, *overrides: str):
-    """A `run.py task=serve` subprocess on a free port; yields its base URL once /health answers."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    log = open(tmp_path / "server.log", "w")
-    command = [sys.executable, "run.py", "task=serve", f"serve.port={port}", f"hydra.run.dir={tmp_path}", *overrides]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 600
-        while not _healthy(url):
-            assert process.poll() is None, (tmp_path / "server.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the server did not answer /health within 600 s"
-            time.sleep(0.5)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
-        log.close()
-
-
-def _healthy(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/health", timeout=2).status_code == 200
-    except httpx.TransportError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -67,27 +36,9 @@ def tiny_url(tmp_path_factory):
         yield url
 
 
-def plain_decoder(*overrides: str) -> SelfSpeculativeDecoder:
-    """Plain greedy decoding in this process, over the weights a server with these overrides loads."""
-    loaded = load_model(run_settings(*overrides).model)
-    return SelfSpeculativeDecoder(loaded.model, loaded.tokenizer, strategy="plain")
-
-
 @pytest.fixture(scope="module")
 def plain():
     return plain_decoder(*TINY)
-
-
-def chat(content: str) -> list[dict]:
-    return [{"role": "user", "content": content}]
-
-
-def stream_events(client: httpx.Client, url: str, body: dict) -> list[dict]:
-    with client.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True}, timeout=600) as response:
-        assert response.status_code == 200, response.read()
-        data = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
-    assert data[-1] == "[DONE]"
-    return [json.loads(event) for event in data[:-1]]
 
 
 def test_the_openai_client_streams_a_chat_reply_equal_to_plain_greedy_decoding(tiny_url, plain):
@@ -121,7 +72,8 @@ def test_plain_completions_models_and_health_answer(tiny_url, plain):
     assert reply["selfspec"]["stats"]["acceptance_rate"] is None  # plain decoding drafts nothing
     assert [m["id"] for m in httpx.get(f"{tiny_url}/v1/models").json()["data"]] == ["tiny_llama"]
     health = httpx.get(f"{tiny_url}/health").json()
-    assert health["status"] == "ok" and health["strategy"] == "self_spec_hybrid" and not health["running"]
+    assert health["status"] == "ok" and health["strategy"] == "self_spec_hybrid" and health["running"] == 0
+    assert health["batch"] == 0 and health["max_batch"] == 8 and health["steps"] >= 1
 
 
 def banned_word(plain: SelfSpeculativeDecoder, content: str, max_tokens: int) -> str:
@@ -227,8 +179,9 @@ KEY = {"Authorization": "Bearer secret"}
 
 @pytest.fixture(scope="module")
 def guarded_url(tmp_path_factory):
-    """One request decodes, one more may wait; /v1 needs the API key."""
-    with server(tmp_path_factory.mktemp("guarded"), *LONG, "serve.max_queue=1", "serve.api_key=secret") as url:
+    """One request decodes at a time (serve.max_batch=1), one more may wait; /v1 needs the API key."""
+    with server(tmp_path_factory.mktemp("guarded"), *LONG, "serve.max_batch=1", "serve.max_queue=1",
+                "serve.api_key=secret") as url:
         yield url
 
 
@@ -240,7 +193,7 @@ def test_the_api_key_guards_the_api_but_not_the_page(guarded_url):
     assert httpx.get(f"{guarded_url}/").status_code == 200 and httpx.get(f"{guarded_url}/health").json()["auth"]
 
 
-def test_a_full_queue_answers_429_and_disconnects_free_the_queue(guarded_url):
+def test_one_at_a_time_a_full_queue_answers_429_and_disconnects_free_the_queue(guarded_url):
     def start(client: httpx.Client, prompt: str, max_tokens: int) -> httpx.Response:
         body = {"model": "tiny_llama", "messages": chat(prompt), "max_tokens": max_tokens, "temperature": 0,
                 "stream": True}
@@ -270,6 +223,7 @@ def test_a_full_queue_answers_429_and_disconnects_free_the_queue(guarded_url):
                     break
         waiting = start(b_client, "waits", 8)
         until(lambda: health()["waiting"] == 1)
+        assert health()["batch"] == 1 and health()["running"] == 1  # serve.max_batch=1: one at a time
         full = httpx.post(f"{guarded_url}/v1/chat/completions", headers=KEY,
                           json={"model": "tiny_llama", "messages": chat("one too many"), "max_tokens": 8})
         assert full.status_code == 429 and int(full.headers["Retry-After"]) >= 1

@@ -18,9 +18,9 @@ import torch
 
 from selfspec.api.streaming import Chunk, DecodingStats, interleaved, row_steps, stream_chunks
 from selfspec.data.prompt_sets import as_token_ids, calibration_texts
-from selfspec.decoding.strategies import REGISTRY, Strategy, make_strategy
+from selfspec.decoding.strategies import REGISTRY, Strategy, cost_meter, make_strategy
 from selfspec.decoding.text_rules import text_rules
-from selfspec.decoding.verify import TokenLogprob
+from selfspec.decoding.verify import Emitted, TokenLogprob
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import output_device
 from selfspec.models.draft_head import DraftHead, make_draft_head
@@ -53,6 +53,21 @@ class Completion:
     logprobs: list[TokenLogprob] | None = None  # per token of token_ids, when asked for (`logprobs=N`)
 
 
+@dataclass
+class Job:
+    """One generation, set up: its prompt's token ids, its strategy (sampling settings and text rules, with the
+    strategy's drafter for batch size 1), its random generator (None: torch's global one) and how many
+    alternatives each token's log-probability comes with (None: no log-probabilities)."""
+    ids: list[int]
+    strategy: Strategy
+    generator: torch.Generator | None
+    logprobs: int | None
+
+    def steps(self) -> Iterator[Emitted]:
+        """Decode alone (batch size 1): what the prefill emitted, then what each verification emitted."""
+        return self.strategy.steps(self.ids, self.generator, self.logprobs)
+
+
 class SelfSpeculativeDecoder:
     """One model; one prompt, or a list decoded as a batch. `strategy` is any of STRATEGIES (`plain` decodes without drafts); `skip` is the
     layer-skip draft's skip set (default: none skipped); `draft` the draft options (default DEFAULT_DRAFT, the
@@ -80,7 +95,8 @@ class SelfSpeculativeDecoder:
         self.end_ids = model_end_ids(model, tokenizer)
         self._make = partial(make_strategy, strategy, model, end_ids=self.end_ids, skip=skip_set,
                              draft=draft, draft_model=draft_model, draft_head=heads(vocab) if vocab else None,
-                             kangaroo=kangaroo, searched=searched_draft)
+                             kangaroo=kangaroo, searched=searched_draft,
+                             costs=cost_meter(model, draft))  # greedy and sampled share the measured costs
         self._strategies: dict[bool, Strategy] = {}
         self.strategy(DEFAULT_SAMPLING)  # a bad combination fails here, not at the first request
 
@@ -120,19 +136,33 @@ class SelfSpeculativeDecoder:
         A list of prompts (texts, chat conversations or token-id lists, one kind) decodes as one batch
         (decoding/batch.py): (prompt index, Chunk) pairs as the rows' steps come; with `seed`, row i samples
         from seed + i."""
+        arguments = (max_new_tokens, temperature, top_p, top_k, repetition_penalty, seed, stop, banned_words,
+                     case_sensitive, logprobs)
+        if not is_batch(prompt):
+            job = self.job(prompt, *arguments)
+            return self.chunks(job.steps(), job)
+        jobs = [self.job(p, *arguments[:5], None if seed is None else seed + i, *arguments[6:])
+                for i, p in enumerate(check_batch(prompt))]
+        steps = jobs[0].strategy.batch_steps([job.ids for job in jobs], [job.generator for job in jobs], logprobs)
+        return interleaved([self.chunks(row, job) for row, job in zip(row_steps(steps, len(jobs)), jobs)])
+
+    def job(self, prompt: Prompt, max_new_tokens: int = DEFAULT_SAMPLING.max_new_tokens,
+            temperature: float = DEFAULT_SAMPLING.temperature, top_p: float = DEFAULT_SAMPLING.top_p,
+            top_k: int = DEFAULT_SAMPLING.top_k, repetition_penalty: float = DEFAULT_SAMPLING.repetition_penalty,
+            seed: int | None = None, stop: Sequence[str] = (), banned_words: Sequence[str] = (),
+            case_sensitive: bool = DEFAULT_CONSTRAINTS.case_sensitive, logprobs: int | None = None) -> "Job":
+        """What `stream` decodes, set up and checked but not started (a server's batch runs it: serve/batcher.py)."""
+        ids = self.encode(prompt)
         if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
             raise SelfspecError(f"logprobs={logprobs} is not allowed; allowed: 0..{MAX_TOP_LOGPROBS}")
         sampling = SamplingSettings(temperature, top_k, top_p, repetition_penalty, max_new_tokens, tuple(stop))
         rules = text_rules(self.model, self.tokenizer, banned_words, case_sensitive, sampling.stop)
-        strategy = dataclasses.replace(self.strategy(sampling), rules=rules)
-        if is_batch(prompt):
-            ids = [self.encode(p) for p in check_batch(prompt)]
-            generators = [self._generator(seed + i) for i in range(len(ids))] if seed is not None else None
-            rows = row_steps(strategy.batch_steps(ids, generators, logprobs), len(ids))
-            return interleaved([stream_chunks(row, self.tokenizer, self.end_ids, rules) for row in rows])
-        ids = self.encode(prompt)
-        steps = strategy.steps(ids, self._generator(seed) if seed is not None else None, logprobs)
-        return stream_chunks(steps, self.tokenizer, self.end_ids, rules)
+        generator = torch.Generator(output_device(self.model)).manual_seed(seed) if seed is not None else None
+        return Job(ids, dataclasses.replace(self.strategy(sampling), rules=rules), generator, logprobs)
+
+    def chunks(self, steps: Iterator[Emitted], job: "Job") -> Iterator[Chunk]:
+        """`job`'s Chunks over `steps`, what its generation emits (its own `steps()`, or its row of a batch)."""
+        return stream_chunks(steps, self.tokenizer, self.end_ids, job.strategy.rules)
 
     def generate(self, prompt: Prompt | list[Prompt], max_new_tokens: int = DEFAULT_SAMPLING.max_new_tokens,
                  temperature: float = DEFAULT_SAMPLING.temperature, top_p: float = DEFAULT_SAMPLING.top_p,
@@ -152,9 +182,6 @@ class SelfSpeculativeDecoder:
         for row, chunk in self.stream(ids, *arguments):
             chunks[row].append(chunk)
         return [completion(iter(row), len(row_ids), logprobs is not None) for row, row_ids in zip(chunks, ids)]
-
-    def _generator(self, seed: int) -> torch.Generator:
-        return torch.Generator(output_device(self.model)).manual_seed(seed)
 
     def _chat_ids(self, messages: list[dict]) -> list[int]:
         for index, message in enumerate(messages):

@@ -1,5 +1,6 @@
 """`task=serve` (`make serve`): serve the configured model and strategy over an OpenAI-compatible HTTP API and a page
-(app.py; request bodies in schemas.py, the one-at-a-time queue in queue.py, the page in static/index.html)."""
+(app.py; request bodies in schemas.py, the decoding batch in batcher.py, the queue beyond it in queue.py, the page
+in static/index.html; the load test of `make serve-bench` in bench.py)."""
 
 from pathlib import Path
 

@@ -1,12 +1,16 @@
 """The FastAPI app: OpenAI-compatible /v1/chat/completions and /v1/completions (streamed as Server-Sent Events, one
 event per verification step), /v1/models, /health and the page at /.
 
-Decoding is blocking torch work: each step runs in a worker thread (anyio waits for a started step even when the
-request is cancelled, so two requests never share the model), and the request queue lets one request decode at a
-time. A streaming client that disconnects cancels its response (sse-starlette); a waiting one leaves the queue.
+Up to serve.max_batch requests decode together: one worker thread owns the model and steps their generations in
+one batch (serve/batcher.py); a request joins it at the next step and leaves when it ends or its client goes away,
+and reads its own generation's steps, from which its own stream is built. Beyond the batch, requests wait in
+arrival order in a bounded queue (queue.py; a full one answers 429). A streaming client that disconnects cancels
+its response (sse-starlette), which takes its generation out of the batch; a waiting one leaves the queue.
+serve.max_batch=1 decodes one request at a time.
 """
 
 import json
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
@@ -19,8 +23,10 @@ from starlette.exceptions import HTTPException
 
 from selfspec.api.decoder import SelfSpeculativeDecoder
 from selfspec.errors import SelfspecError
+from selfspec.serve.batcher import Batcher, DecodingFailed, drafter_pools, row_length
 from selfspec.serve.queue import QueueFull, RequestQueue, Ticket
-from selfspec.serve.schemas import ChatCompletionRequest, CompletionRequest, Reply, Request as Body, error
+from selfspec.serve.schemas import (ChatCompletionRequest, CompletionRequest, Reply, Request as Body, error,
+                                    error_body)
 from selfspec.settings import ConstraintSettings, SamplingSettings, ServeSettings
 
 PAGE = Path(__file__).parent / "static" / "index.html"
@@ -37,9 +43,21 @@ def make_app(decoders: dict[str, SelfSpeculativeDecoder], model_name: str, serve
              sampling: SamplingSettings, constraints: ConstraintSettings) -> FastAPI:
     """`decoders`: strategy name -> decoder over the one model; requests use serve.strategy unless they name
     another (`"strategy": "plain"`); `sampling` and `constraints`: the defaults of what a request leaves out."""
-    app = FastAPI(title="selfspec", docs_url=None, redoc_url=None)
-    queue = RequestQueue(serve.max_queue)
-    context_length = getattr(next(iter(decoders.values())).model.config, "max_position_embeddings", None)
+    model = next(iter(decoders.values())).model
+    context_length = getattr(model.config, "max_position_embeddings", None)
+    pools = drafter_pools(decoders.values(), sampling, serve.max_batch)
+    batcher = Batcher(model, serve.max_batch, row_length(serve, context_length, pools), pools)
+    queue = RequestQueue(serve.max_batch, serve.max_queue)
+
+    @asynccontextmanager
+    async def decoding(_):
+        batcher.start()
+        try:
+            yield
+        finally:
+            batcher.stop()
+
+    app = FastAPI(title="selfspec", docs_url=None, redoc_url=None, lifespan=decoding)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_, exc: RequestValidationError):
@@ -61,8 +79,13 @@ def make_app(decoders: dict[str, SelfSpeculativeDecoder], model_name: str, serve
 
     @app.exception_handler(QueueFull)
     async def queue_full(_, exc: QueueFull):
-        return error(429, f"{exc}: one request decodes at a time and serve.max_queue={queue.max_waiting} wait",
-                     code="queue_full", kind="rate_limit_error", headers={"Retry-After": str(exc.retry_after_s)})
+        return error(429, f"{exc}: serve.max_batch={queue.max_running} requests decode at a time and "
+                          f"serve.max_queue={queue.max_waiting} wait", code="queue_full", kind="rate_limit_error",
+                     headers={"Retry-After": str(exc.retry_after_s)})
+
+    @app.exception_handler(DecodingFailed)
+    async def decoding_failed(_, exc: DecodingFailed):
+        return error(500, str(exc), kind="server_error")
 
     def authorize(request: Request) -> None:
         if serve.api_key and request.headers.get("authorization") != f"Bearer {serve.api_key}":
@@ -77,7 +100,8 @@ def make_app(decoders: dict[str, SelfSpeculativeDecoder], model_name: str, serve
     async def health():
         return {"status": "ok", "model": model_name, "strategy": serve.strategy, "strategies": list(decoders),
                 "running": queue.running, "waiting": queue.waiting, "max_queue": queue.max_waiting,
-                "auth": serve.api_key is not None}
+                "batch": batcher.size, "max_batch": serve.max_batch, "steps": batcher.steps,
+                "row_steps": batcher.row_steps, "auth": serve.api_key is not None}
 
     @app.get("/v1/models", dependencies=[Depends(authorize)])
     async def models():
@@ -102,17 +126,18 @@ def make_app(decoders: dict[str, SelfSpeculativeDecoder], model_name: str, serve
         try:
             ids = decoder.encode(prompt)
             max_tokens = check_length(len(ids), body.max_tokens or sampling.max_new_tokens)
-            chunks = decoder.stream(ids, max_tokens, _or(body.temperature, sampling.temperature),
-                                    _or(body.top_p, sampling.top_p), _or(body.top_k, sampling.top_k),
-                                    sampling.repetition_penalty, body.seed,
-                                    body.stops if body.stop is not None else sampling.stop,
-                                    _or(body.banned_words, constraints.banned_words),
-                                    _or(body.case_sensitive, constraints.case_sensitive), body.top_logprobs_count)
+            job = decoder.job(ids, max_tokens, _or(body.temperature, sampling.temperature),
+                              _or(body.top_p, sampling.top_p), _or(body.top_k, sampling.top_k),
+                              sampling.repetition_penalty, body.seed,
+                              body.stops if body.stop is not None else sampling.stop,
+                              _or(body.banned_words, constraints.banned_words),
+                              _or(body.case_sensitive, constraints.case_sensitive), body.top_logprobs_count)
         except SelfspecError as exc:
             raise BadRequest(400, str(exc).splitlines()[0]) from None
         reply = Reply(chat, model_name, name, len(ids), body.top_logprobs_count is not None,
                       lambda token_ids: decoder.tokenizer.decode(token_ids))
         ticket = queue.take()
+        chunks = decoder.chunks(batcher.row(job).emitted(), job)  # its row joins the batch at the first chunk
         if body.stream:
             return EventSourceResponse(events(chunks, reply, ticket), sep="\n",
                                        background=BackgroundTask(ticket.release))
@@ -129,6 +154,9 @@ def make_app(decoders: dict[str, SelfSpeculativeDecoder], model_name: str, serve
             raise BadRequest(400, f"the prompt's {prompt_tokens} tokens plus max_tokens={max_tokens} exceed the "
                                   f"model's context of {context_length} tokens", "max_tokens",
                              "context_length_exceeded")
+        if prompt_tokens > serve.max_prompt_tokens:
+            raise BadRequest(400, f"the prompt's {prompt_tokens} tokens are above this server's limit "
+                                  f"{serve.max_prompt_tokens} (serve.max_prompt_tokens)", code="context_length_exceeded")
         return max_tokens
 
     async def events(chunks, reply: Reply, ticket: Ticket):
@@ -139,8 +167,10 @@ def make_app(decoders: dict[str, SelfSpeculativeDecoder], model_name: str, serve
                     yield json.dumps(reply.event(chunk, first))
                     first, stats = False, chunk.stats
                 yield json.dumps(reply.usage_event(stats))
+            except DecodingFailed as failure:  # the response has started: the error is its last event
+                yield json.dumps(error_body(str(failure), kind="server_error"))
             finally:
-                chunks.close()  # no step is running here: iterate_in_threadpool waited for it
+                chunks.close()  # takes its row out of the batch; no `next` runs now: iterate_in_threadpool waited
         yield "[DONE]"
 
     async def whole(chunks, reply: Reply, ticket: Ticket, request: Request) -> dict:

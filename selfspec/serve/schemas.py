@@ -25,7 +25,7 @@ class Request(BaseModel):
     top_k: int | None = Field(None, ge=0)  # an extension, as in vLLM
     seed: int | None = None
     stop: str | list[str] | None = Field(None, max_length=4)
-    n: int = Field(1, ge=1, le=1)  # batch size 1
+    n: int = Field(1, ge=1, le=1)  # one choice per request
     strategy: str | None = None  # an extension: "plain" decodes without drafts (the page's toggle)
     # extensions: words the reply may not contain (decoding rolls back where one completes); default: the server's
     banned_words: list[str] | None = Field(None, max_length=MAX_BANNED_WORDS)
@@ -84,9 +84,13 @@ class ChatCompletionRequest(Request):
 
 def error(status: int, message: str, param: str | None = None, code: str | None = None,
           kind: str = "invalid_request_error", headers: dict | None = None) -> JSONResponse:
-    """OpenAI's error body: {"error": {"message", "type", "param", "code"}}."""
-    body = {"error": {"message": message, "type": kind, "param": param, "code": code}}
-    return JSONResponse(body, status_code=status, headers=headers)
+    """OpenAI's error response: {"error": {"message", "type", "param", "code"}}."""
+    return JSONResponse(error_body(message, param, code, kind), status_code=status, headers=headers)
+
+
+def error_body(message: str, param: str | None = None, code: str | None = None,
+               kind: str = "invalid_request_error") -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 def usage(prompt_tokens: int, stats: DecodingStats) -> dict:

@@ -250,12 +250,16 @@ class ServeSettings:
     host: str
     port: int
     strategy: str  # what requests decode with (the page's toggle and `"strategy": "plain"` add plain decoding)
-    max_queue: int  # requests waiting behind the running one; one more is answered 429
+    max_batch: int  # requests decoding together (serve/batcher.py); 1: one at a time
+    max_queue: int  # requests waiting beyond the max_batch decoding ones; one more is answered 429
     max_tokens: int  # the most new tokens a request may ask for
+    max_prompt_tokens: int  # the longest prompt a request may send (with max_tokens: the batch's cache per row)
     api_key: Optional[str] = None  # set: /v1 requests need `Authorization: Bearer <api_key>`
 
     def __post_init__(self):
         if not 1 <= self.port <= 65535:
             raise SelfspecError(f"port={self.port!r} is outside [1, 65535]")
+        at_least("max_batch", self.max_batch, 1, " (1: one request decodes at a time)")
         at_least("max_queue", self.max_queue, 0)
         at_least("max_tokens", self.max_tokens, 1)
+        at_least("max_prompt_tokens", self.max_prompt_tokens, 1)
