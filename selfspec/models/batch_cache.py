@@ -70,10 +70,12 @@ class BatchCache(Cache):
 
     @torch.inference_mode()
     def move(self, source: int, destination: int) -> None:
-        """Copy row `source`'s entries into row `destination`; its generation's view follows them there."""
+        """Copy row `source`'s entries (its valid prefix) into row `destination`; its generation's view follows them
+        there."""
+        length = self.views[source].get_seq_length()
         for layer in self.layers:
-            layer.key_buffer[destination] = layer.key_buffer[source]
-            layer.value_buffer[destination] = layer.value_buffer[source]
+            layer.key_buffer[destination, :, :length] = layer.key_buffer[source, :, :length]
+            layer.value_buffer[destination, :, :length] = layer.value_buffer[source, :, :length]
         self.views[source], self.views[destination] = self.views[destination], self.views[source]
         self._point(self.views[destination], destination)
         self._point(self.views[source], source)
