@@ -16,7 +16,7 @@ import torch
 
 from selfspec.decoding.drafters import Drafter, DraftForward
 from selfspec.decoding.results import GenerationResult
-from selfspec.decoding.speculative import Generation, Tally
+from selfspec.decoding.speculative import Generation, Tally, needed_length
 from selfspec.decoding.text_rules import TextRules
 from selfspec.decoding.verify import Emitted, Proposal
 from selfspec.errors import SelfspecError
@@ -115,7 +115,7 @@ class DecodingBatch:
 def batch_length(prompts: list[list[int]], settings: SamplingSettings, drafters: list[Drafter | None]) -> int:
     """Cache positions per row for these prompts: the longest prompt and output, then the widest verify block."""
     widest = max((drafter.max_tokens for drafter in drafters if drafter is not None), default=0)
-    return max(map(len, prompts)) + settings.max_new_tokens + widest + 1
+    return needed_length(max(map(len, prompts)), settings, widest)
 
 
 def decode_batch_steps(model, prompts: list[list[int]], settings: SamplingSettings,

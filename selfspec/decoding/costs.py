@@ -182,9 +182,20 @@ def timed_ms(step, device: torch.device | str = "cpu", repeats: int = REPEATS) -
     return 1000 * statistics.median(times)
 
 
+CONTEXT_IDS = [5 + i % 100 for i in range(CONTEXT)]  # the context every cost is measured after
+
+
 def _context_cache(model, max_q: int):
     cache = new_cache(model, CONTEXT + max_q)
-    forward(model, cache, [5 + i % 100 for i in range(CONTEXT)], 0)
+    forward(model, cache, CONTEXT_IDS, 0)
+    return cache
+
+
+def _batch_context_cache(model, rows: int, max_q: int) -> BatchCache:
+    """A batch cache of `rows` rows, each holding the CONTEXT-token context, with room for max_q more tokens."""
+    cache = BatchCache(model, rows, CONTEXT + max_q)
+    for row in range(rows):
+        forward(model, cache.view(row), CONTEXT_IDS, 0)
     return cache
 
 
@@ -198,9 +209,7 @@ def measure_verify_ms(model, max_q: int, repeats: int = REPEATS, cache=None) -> 
 def measure_batch_verify_ms(model, max_q: int, rows: int, repeats: int = REPEATS) -> list[float]:
     """c_B(1..max_q) / B: median milliseconds of one forward of q tokens in each of `rows` rows (B), each after a
     CONTEXT-token context, divided by B: a row's share of a batch's verify."""
-    cache = BatchCache(model, rows, CONTEXT + max_q)
-    for row in range(rows):
-        forward(model, cache.view(row), [5 + i % 100 for i in range(CONTEXT)], 0)
+    cache = _batch_context_cache(model, rows, max_q)
     return [timed_ms(lambda: forward_batch(model, cache, [[5] * q] * rows, [CONTEXT] * rows), output_device(model),
                      repeats) / rows for q in range(1, max_q + 1)]
 
@@ -209,9 +218,7 @@ def measure_batch_draft_ms(model, skip: SkipSet, head: DraftHead | None, rows: i
                            repeats: int = REPEATS) -> float:
     """d_B / B: one draft token in each of `rows` rows (B) in one forward, after CONTEXT-token contexts, divided by B:
     a row's share of a batch's draft forward (decoding/batch.py)."""
-    cache = BatchCache(model, rows, CONTEXT + 1)
-    for row in range(rows):
-        forward(model, cache.view(row), [5 + i % 100 for i in range(CONTEXT)], 0)
+    cache = _batch_context_cache(model, rows, 1)
 
     def draft_tokens():
         with skipping(model, skip), torch.inference_mode():

@@ -104,7 +104,7 @@ class Generation:
         if target_gate is not None and not 0.0 <= target_gate <= 1.0:
             raise SelfspecError(f"target_gate={target_gate} is outside [0, 1]")
         self.model, self.drafter, self.target_gate = model, drafter, target_gate
-        needed = needed_length(len(self.prompt), settings, drafter)
+        needed = needed_length(len(self.prompt), settings, drafter.max_tokens if drafter is not None else 0)
         if cache is not None and cache.max_len < needed:
             raise SelfspecError(f"a prompt of {len(self.prompt)} tokens and max_new_tokens={settings.max_new_tokens}"
                                 f" need {needed} cache positions; the batch holds {cache.max_len}")
@@ -143,9 +143,10 @@ class Generation:
         return emitted
 
 
-def needed_length(prompt_length: int, settings: SamplingSettings, drafter: Drafter | None) -> int:
-    """Cache positions a generation needs: the prompt, the output and the widest verify block past it."""
-    return prompt_length + settings.max_new_tokens + (drafter.max_tokens if drafter is not None else 0) + 1
+def needed_length(prompt_length: int, settings: SamplingSettings, draft_tokens: int) -> int:
+    """Cache positions a generation needs: the prompt, the output and a verify block of `draft_tokens` drafts past
+    it."""
+    return prompt_length + settings.max_new_tokens + draft_tokens + 1
 
 
 def settled(context: GenerationContext, emitted: Emitted) -> Emitted:
