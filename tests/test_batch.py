@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from selfspec.decoding.batch import DecodingBatch, generate_batch
-from selfspec.decoding.costs import CostMeter
+from selfspec.decoding.costs import CostMeter, widening_prices
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.drafters import HybridDrafter, NgramDrafter, SelfDrafter
 from selfspec.decoding.speculative import generate
@@ -119,7 +119,13 @@ def test_a_batch_row_measures_its_share_of_the_batch_verify(tiny):
     costs = batch.costs(make_skip_set([1], [], 6))
     assert len(costs.verify_ms) == 3 and min(costs.verify_ms) > 0
     assert batch.draft_ms and batch.costs(make_skip_set([1], [], 6), alone=True).draft_ms == meter.draft_ms[(make_skip_set([1], [], 6), id(None))]
-    assert "per row of 4" in batch.summary()
+    assert "a row of 4" in batch.summary()
+
+
+def test_a_batch_row_pays_all_the_widening_its_block_costs():
+    shares = [10.0, 12.0, 11.0, 9.5]  # c_4(q) / 4: a plain batch step 40 ms, widened to 2 tokens 48, to 3 44
+    assert widening_prices(shares, 4) == [10.0, 18.0, 14.0, 10.0]  # q = 4 timed faster than 1: noise, no saving
+    assert widening_prices(shares[:3], 1) == shares[:3]  # a batch of one: c(q) itself
 
 
 def test_the_cache_grows_with_the_batch_and_no_more(tiny):

@@ -102,11 +102,13 @@ class CostMeter:
     """c(q) and the draft-token costs of one model on this machine, each measured on first use (seconds) and kept,
     so the strategies of a run share one measurement.
 
-    In a batch of B rows (decoding/batch.py) one forward verifies every row: a row's share of it is c_B(q) / B,
-    measured with B rows of q tokens (`for_batch`). The layer-skip chain's rows draft together, one forward a draft
-    token, so a row's draft token costs d_B / B; other drafters draft each row on its own, at d. As B grows and a
-    wider forward costs little more, the cost-aware exit weighs each row's draft against a smaller share of a step,
-    and drafts less where drafting is not shared too."""
+    In a batch of B rows (decoding/batch.py) one forward verifies every row, each row's block padded to the widest:
+    c_B(q), measured with B rows of q tokens (`for_batch`). A row's plain step is its share, c_B(1) / B, but a row
+    that drafts widens every row's block, so it pays all the widening costs: a q-token block is priced
+    c_B(1) / B + c_B(q) - c_B(1) (`widening_prices`; exact for a row that drafts alone, an upper bound where several
+    do). The layer-skip chain's rows draft together, one forward a draft token, so a row's draft token costs d_B / B;
+    other drafters draft each row on its own, at d. As B grows and a wider forward costs more than a row's share of
+    a narrow one, the cost-aware exit drafts less, and at last nothing: a batch never decodes slower for drafting."""
 
     def __init__(self, model, max_q: int, repeats: int = 7, rows: int = 1):
         self.model, self.max_q, self.repeats, self.rows = model, max_q, repeats, rows
@@ -115,7 +117,7 @@ class CostMeter:
         self.batches: dict[int, CostMeter] = {1: self}
 
     def for_batch(self, rows: int) -> "CostMeter":
-        """The meter of a row in a batch of `rows` (c_B(q) / B and the drafts' costs in a batch)."""
+        """The meter of a row in a batch of `rows` (`widening_prices` and the drafts' costs in a batch)."""
         if rows not in self.batches:
             meter = CostMeter(self.model, self.max_q, self.repeats, rows)
             meter.batches = self.batches
@@ -125,7 +127,8 @@ class CostMeter:
     def _measure_verify(self) -> None:
         if self.verify_ms is None:
             measured = (measure_verify_ms(self.model, self.max_q, self.repeats) if self.rows == 1 else
-                        measure_batch_verify_ms(self.model, self.max_q, self.rows, self.repeats))
+                        widening_prices(measure_batch_verify_ms(self.model, self.max_q, self.rows, self.repeats),
+                                        self.rows))
             self.verify_ms = tuple(measured)
 
     def costs(self, skip: SkipSet | None, head: DraftHead | None = None, alone: bool = False) -> DraftCosts:
@@ -154,7 +157,7 @@ class CostMeter:
             return ""
         verify = ", ".join(f"{q}: {ms:.1f}" for q, ms in enumerate(self.verify_ms, 1))
         drafts = "".join(f"; d {ms:.1f} ms {describe_drafter(key)}" for key, ms in self.draft_ms.items() if key)
-        per_row = f" (per row of {self.rows}: c_B(q) / B)" if self.rows > 1 else ""
+        per_row = f" (a row of {self.rows}: c_B(1) / B + c_B(q) - c_B(1))" if self.rows > 1 else ""
         return f"cost model: c(q) ms{per_row} {verify}{drafts}"
 
 
@@ -212,6 +215,13 @@ def measure_batch_verify_ms(model, max_q: int, rows: int, repeats: int = REPEATS
     cache = _batch_context_cache(model, rows, max_q)
     return [timed_ms(lambda: forward_batch(model, cache, [[5] * q] * rows, [CONTEXT] * rows), output_device(model),
                      repeats) / rows for q in range(1, max_q + 1)]
+
+
+def widening_prices(shares: list[float], rows: int) -> list[float]:
+    """A batch row's price of a q-token block, q = 1..len(shares), from `shares` c_B(q) / B: its share of a plain
+    step, c_B(1) / B, plus c_B(q) - c_B(1), what widening the forward from 1 to q tokens a row costs, since the
+    forward pads every row to the widest block (never below nothing: a wider forward timed faster is noise)."""
+    return [shares[0] + rows * max(share - shares[0], 0.0) for share in shares]
 
 
 def measure_batch_draft_ms(model, skip: SkipSet, head: DraftHead | None, rows: int,
