@@ -108,7 +108,7 @@ class CostMeter:
     c_B(1) / B + c_B(q) - c_B(1) (`widening_prices`; exact for a row that drafts alone, an upper bound where several
     do). The layer-skip chain's rows draft together, one forward a draft token, so a row's draft token costs d_B / B;
     other drafters draft each row on its own, at d. As B grows and a wider forward costs more than a row's share of
-    a narrow one, the cost-aware exit drafts less, and at last nothing: a batch never decodes slower for drafting."""
+    a narrow one, the cost-aware exit drafts less, and at last nothing."""
 
     def __init__(self, model, max_q: int, repeats: int = 7, rows: int = 1):
         self.model, self.max_q, self.repeats, self.rows = model, max_q, repeats, rows
