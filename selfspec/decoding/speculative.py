@@ -178,7 +178,7 @@ def propose(model, context: GenerationContext, tokens: list[int], remaining: int
 def propose_steps(model, context: GenerationContext, tokens: list[int], remaining: int, drafter: Drafter | None,
                   gated: bool = False, rows: int | None = None) -> Generator[DraftForward, torch.Tensor, Proposal]:
     """`propose` as a generator for a row of a batch of `rows`: a drafter with `batch_draft` yields its draft
-    forwards (decoding/batch.py runs the rows' together) and is sent their hidden states; None: the row drafts
+    forwards (decoding/batch.py runs the rows' together) and is sent their logits; None: the row drafts
     alone, as every drafter does outside a batch."""
     device = output_device(model)
     t0 = clock(device)

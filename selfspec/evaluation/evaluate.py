@@ -75,8 +75,8 @@ def _decode(strategy: Strategy, prompts: list[Prompt], turn: int, ids: list[list
         return results, clock(device) - start
 
     measured = [measure_peak_memory(run, output_device(strategy.model)) for _ in range(repeats)]
-    runs = sorted(measured, key=lambda run: run[0][1])  # by the batch's wall time
-    (results, batch_s), _ = runs[len(runs) // 2]
+    (results, _), _ = sorted(measured, key=lambda run: run[0][1])[len(measured) // 2]  # the median run
+    batch_s = statistics.median(seconds for (_, seconds), _ in measured)
     peaks = [mb for _, mb in measured if mb is not None]
     records = []
     for row, (prompt, result, reference) in enumerate(zip(prompts, results, plain)):
@@ -84,7 +84,7 @@ def _decode(strategy: Strategy, prompts: list[Prompt], turn: int, ids: list[list
         neighbours = [p.question_id for p in prompts if p is not prompt]
         records.append(_record(strategy, prompt, turn, ids[row], result, reference, tokenizer,
                                max(peaks) if peaks else None, len(prompts) if batch_size > 1 else 1, neighbours,
-                               statistics.median(run[0][1] for run in measured)))
+                               batch_s))
     return records
 
 
@@ -132,7 +132,7 @@ def _generator(strategy: Strategy, seed: int) -> torch.Generator:
 
 def _warm_up(strategies: list[Strategy], ids: list[int], seed: int, batch_size: int) -> None:
     """One short untimed generation per strategy (allocator, kernels, lazy imports); with batch_size > 1 a short
-    batch, whose drafters measure what a row's share of the batch's verify costs."""
+    batch, whose drafters measure what the batch's verify costs a row."""
     for strategy in strategies:
         short = dataclasses.replace(strategy, settings=dataclasses.replace(strategy.settings, max_new_tokens=16))
         if batch_size == 1:

@@ -73,8 +73,9 @@ def run(settings: RunSettings, out_dir: Path) -> dict:
     try:
         summary = evaluate(strategies, prompts, prompt_ids, loaded.tokenizer, out_dir, settings.seed, settings.repeats,
                            settings.warmup, logger, all_turns, earlier, settings.batch_size)
-        if settings.batch_size > 1 and costs.for_batch(settings.batch_size).summary():
-            print(costs.for_batch(settings.batch_size).summary())  # measured by the batch's drafters
+        batch_costs = costs.for_batch(settings.batch_size).summary() if settings.batch_size > 1 else ""
+        if batch_costs:
+            print(batch_costs)  # measured by the batch's drafters
         summary = with_truncated_count(summary, fitted.truncated)
         if launch.parallel:  # timings measured while other jobs ran
             for row in summary.values():

@@ -7,7 +7,7 @@ others (every row drafts, one forward verifies all rows), and leaves when it end
 its stream is built from its own steps as at batch size 1. Rows may differ in strategy and sampling settings: each
 brings its own settings, and a drafter taken from a pool and given back when it leaves. The pools hold, per
 (strategy, greedy or sampled), drafters built for rows of batches of 1, 2, 4, ... and max_batch rows (their
-cost-aware exits weigh a row's share of that batch's verify); a row takes one for the first of these sizes that
+cost-aware exits price that batch's verify); a row takes one for the first of these sizes that
 holds the batch it joins: a lone request drafts as at batch size 1, one joining a full batch as a row of a full
 batch. The pooled drafters' draft-exit policies go on learning from one request to the next.
 
