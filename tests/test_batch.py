@@ -118,7 +118,8 @@ def test_a_batch_row_measures_its_share_of_the_batch_verify(tiny):
     assert meter.for_batch(4) is batch and batch.for_batch(1) is meter
     costs = batch.costs(make_skip_set([1], [], 6))
     assert len(costs.verify_ms) == 3 and min(costs.verify_ms) > 0
-    assert batch.draft_ms and batch.costs(make_skip_set([1], [], 6), alone=True).draft_ms == meter.draft_ms[(make_skip_set([1], [], 6), id(None))]
+    skip = make_skip_set([1], [], 6)
+    assert batch.draft_ms and batch.costs(skip, alone=True).draft_ms == meter.draft_ms[(skip, id(None))]
     assert "a row of 4" in batch.summary()
 
 

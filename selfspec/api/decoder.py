@@ -69,10 +69,10 @@ class Job:
 
 
 class SelfSpeculativeDecoder:
-    """One model; one prompt, or a list decoded as a batch. `strategy` is any of STRATEGIES (`plain` decodes without drafts); `skip` is the
-    layer-skip draft's skip set (default: none skipped); `draft` the draft options (default DEFAULT_DRAFT, the
-    adaptive draft exit); `draft_model` drafts for `two_model`, `kangaroo` names the adapter of `kangaroo`,
-    `searched` the skip set of `self_spec_searched`."""
+    """One model; one prompt, or a list decoded as a batch. `strategy` is any of STRATEGIES (`plain` decodes
+    without drafts); `skip` is the layer-skip draft's skip set (default: none skipped); `draft` the draft options
+    (default DEFAULT_DRAFT, the adaptive draft exit); `draft_model` drafts for `two_model`, `kangaroo` names the
+    adapter of `kangaroo`, `searched` the skip set of `self_spec_searched`."""
 
     def __init__(self, model, tokenizer, skip: SkipSpec = None, draft: DraftSettings | None = None,
                  strategy: str = "self_spec", draft_model=None, kangaroo: KangarooSettings | None = None,

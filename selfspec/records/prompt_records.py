@@ -135,12 +135,11 @@ def _typed_value(kind, value, where: str):
 
 
 def summarize(records: list[PromptRecord]) -> dict:
-    """Per strategy (keys of summary.json): tokens_per_s (per prompt: its tokens over its own time), aggregate_tokens_per_s
-    (all tokens over the batches' wall times: the throughput of batch_size > 1), batch_size, speedup, acceptance_rate,
-    mean_accepted_tokens,
-    outputs_match_plain (fraction of records equal to plain's output), median_first_difference (over the records
-    that differ: where they part), n_prompts, n_turns (records), new_tokens; plus the same per prompt category under
-    `by_category`."""
+    """Per strategy (keys of summary.json): tokens_per_s (per prompt: its tokens over its own time),
+    aggregate_tokens_per_s (all tokens over the batches' wall times: the throughput of batch_size > 1), batch_size,
+    speedup, acceptance_rate, mean_accepted_tokens, outputs_match_plain (fraction of records equal to plain's
+    output), median_first_difference (over the records that differ: where they part), n_prompts, n_turns (records),
+    new_tokens; plus the same per prompt category under `by_category`."""
     summary = {}
     for name in dict.fromkeys(r.strategy for r in records):
         mine = [r for r in records if r.strategy == name]

@@ -21,7 +21,6 @@ from selfspec.decoding.drafters.ngram import NGRAM, NgramDrafter, ngram_continua
 from selfspec.decoding.drafters.ngram_tree import NgramTreeDrafter
 from selfspec.decoding.drafters.two_model import ModelDrafter
 
-__all__ = ["Draft", "Drafter", "DraftForward", "ExitPolicyDrafter", "GenerationContext", "HeadDrafter", "HeadTreeDrafter",
-           "HybridDrafter", "KangarooDrafter",
-           "ModelDrafter", "NGRAM", "NgramDrafter", "NgramTreeDrafter", "SelfDrafter", "SelfTreeDrafter",
-           "cut_at_end", "ngram_continuation", "ngram_matches"]
+__all__ = ["Draft", "Drafter", "DraftForward", "ExitPolicyDrafter", "GenerationContext", "HeadDrafter",
+           "HeadTreeDrafter", "HybridDrafter", "KangarooDrafter", "ModelDrafter", "NGRAM", "NgramDrafter",
+           "NgramTreeDrafter", "SelfDrafter", "SelfTreeDrafter", "cut_at_end", "ngram_continuation", "ngram_matches"]
