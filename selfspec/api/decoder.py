@@ -136,12 +136,13 @@ class SelfSpeculativeDecoder:
         A list of prompts (texts, chat conversations or token-id lists, one kind) decodes as one batch
         (decoding/batch.py): (prompt index, Chunk) pairs as the rows' steps come; with `seed`, row i samples
         from seed + i."""
-        arguments = (max_new_tokens, temperature, top_p, top_k, repetition_penalty, seed, stop, banned_words,
-                     case_sensitive, logprobs)
+        options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                       repetition_penalty=repetition_penalty, stop=stop, banned_words=banned_words,
+                       case_sensitive=case_sensitive, logprobs=logprobs)
         if not is_batch(prompt):
-            job = self.job(prompt, *arguments)
+            job = self.job(prompt, seed=seed, **options)
             return self.chunks(job.steps(), job)
-        jobs = [self.job(p, *arguments[:5], None if seed is None else seed + i, *arguments[6:])
+        jobs = [self.job(p, seed=None if seed is None else seed + i, **options)
                 for i, p in enumerate(check_batch(prompt))]
         steps = jobs[0].strategy.batch_steps([job.ids for job in jobs], [job.generator for job in jobs], logprobs)
         return interleaved([self.chunks(row, job) for row, job in zip(row_steps(steps, len(jobs)), jobs)])
@@ -172,14 +173,15 @@ class SelfSpeculativeDecoder:
                  ) -> Completion | list[Completion]:
         """The whole reply (see `stream` for the arguments): greedy by default, lossless for every strategy; for a
         list of prompts, one Completion per prompt, decoded together."""
-        arguments = (max_new_tokens, temperature, top_p, top_k, repetition_penalty, seed, stop, banned_words,
-                     case_sensitive, logprobs)
+        options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                       repetition_penalty=repetition_penalty, seed=seed, stop=stop, banned_words=banned_words,
+                       case_sensitive=case_sensitive, logprobs=logprobs)
         if not is_batch(prompt):
             ids = self.encode(prompt)
-            return completion(self.stream(ids, *arguments), len(ids), logprobs is not None)
+            return completion(self.stream(ids, **options), len(ids), logprobs is not None)
         ids = [self.encode(p) for p in check_batch(prompt)]
         chunks = [[] for _ in ids]
-        for row, chunk in self.stream(ids, *arguments):
+        for row, chunk in self.stream(ids, **options):
             chunks[row].append(chunk)
         return [completion(iter(row), len(row_ids), logprobs is not None) for row, row_ids in zip(chunks, ids)]
 

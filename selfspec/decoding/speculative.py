@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from selfspec.decoding.drafters import Draft, Drafter, DraftForward, GenerationContext
-from selfspec.decoding.drafters.base import run_steps
+from selfspec.decoding.drafters.base import value_of
 from selfspec.decoding.prompt_ids import single_prompt
 from selfspec.decoding.results import GenerationResult, StepRecord
 from selfspec.decoding.sampling import sample, scores
@@ -79,7 +79,7 @@ def decode_steps(model, prompt: list[int], settings: SamplingSettings, drafter: 
     generation = Generation(model, prompt, settings, drafter, end_ids, generator, target_gate, rules, top_logprobs)
     yield generation.start()
     while not generation.finished:
-        proposal = run_steps(generation.propose(), answer=None)
+        proposal = value_of(generation.propose())
         yield generation.conclude(proposal, verify_forward(model, generation.context.cache, proposal))
 
 
@@ -122,7 +122,7 @@ class Generation:
 
     def propose(self, rows: int | None = None) -> Generator[DraftForward, torch.Tensor, Proposal]:
         """Draft (unless the target-confidence gate closes it) what the next verification checks: `propose_steps`
-        for a row of a batch of `rows` (None: alone; run it with run_steps)."""
+        for a row of a batch of `rows` (None: alone; value_of gives its proposal)."""
         gated = self.drafter is not None and self.target_gate is not None and self.confidence <= self.target_gate
         remaining = self.context.settings.max_new_tokens - (len(self.tokens) - len(self.prompt))
         return propose_steps(self.model, self.context, self.tokens, remaining, self.drafter, gated, rows)
@@ -172,7 +172,7 @@ def propose(model, context: GenerationContext, tokens: list[int], remaining: int
             gated: bool = False) -> Proposal:
     """Draft (unless `gated`) what the next verification checks: up to the drafter's longest draft, short of the
     `remaining` tokens; a chain stops at a token that completes a banned word or a stop string."""
-    return run_steps(propose_steps(model, context, tokens, remaining, drafter, gated), answer=None)
+    return value_of(propose_steps(model, context, tokens, remaining, drafter, gated))
 
 
 def propose_steps(model, context: GenerationContext, tokens: list[int], remaining: int, drafter: Drafter | None,

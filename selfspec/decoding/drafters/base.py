@@ -165,3 +165,12 @@ def run_steps(steps: Generator, answer: Callable):
             request = steps.send(answer(*request))
     except StopIteration as done:
         return done.value
+
+
+def value_of(steps: Generator):
+    """What a generator that makes no requests returns (a row's proposal outside a batch)."""
+    try:
+        request = next(steps)
+    except StopIteration as done:
+        return done.value
+    raise RuntimeError(f"a request {request!r} where none was expected: a row's steps outside a batch ask nothing")
