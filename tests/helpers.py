@@ -14,12 +14,15 @@ from hydra import compose, initialize_config_dir
 from scipy.stats import chisquare
 
 from selfspec import SelfSpeculativeDecoder
+from selfspec.decoding.draft_exit import DraftExit
+from selfspec.decoding.drafters.feature_head import HeadDrafter, HeadFeatures
 from selfspec.decoding.sampling import logits_processor, scores
-from selfspec.decoding.speculative import settled
+from selfspec.decoding.speculative import generate, settled
 from selfspec.decoding.verify import Emitted
 from selfspec.decoding.text_rules import OutputWatch
 from selfspec.models.tiny import byte_tokenizer
 from selfspec.models.cache import forward, new_cache
+from selfspec.models.feature_head import load_feature_head
 from selfspec.models.loading import load_model
 from selfspec.records.prompt_records import PromptRecord, RecordedStep
 from selfspec.serve.bench import local_server
@@ -59,6 +62,18 @@ def hf_greedy(model, prompt, n, eos=None):
     out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                          max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=0)
     return out[0, len(prompt):].tolist()
+
+
+def shipped_head_acceptance(model, prompts: list[list[int]], settings, end_ids, plain: list[list[int]]) -> float:
+    """The shipped feature head's acceptance rate drafting 3-token chains for `prompts`, asserting that every output
+    equals plain decoding's (`plain`)."""
+    drafter = HeadDrafter(model, HeadFeatures(model, load_feature_head("shipped", model)), DraftExit(3))
+    drafted = accepted = 0
+    for ids, expected in zip(prompts, plain, strict=True):
+        result = generate(model, ids, settings, drafter, end_ids=end_ids)
+        assert result.new_tokens == expected
+        drafted, accepted = drafted + result.drafted, accepted + result.accepted
+    return accepted / drafted
 
 
 def assert_cache_holds(model, cache, kept: list[int]) -> None:
