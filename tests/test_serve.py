@@ -319,7 +319,8 @@ def test_smollm2_streamed_greedy_reply_equals_run_py_plain_greedy_output(tmp_pat
     record = json.loads((tmp_path / "run" / "records.jsonl").read_text().splitlines()[0])
     prompt = json.loads((ROOT / "selfspec" / "data" / "prompts" / "chat.jsonl").read_text().splitlines()[0])["turns"][0]
     (tmp_path / "serve").mkdir()
-    with server(tmp_path / "serve", "logger=none", "warmup=false") as url, httpx.Client() as client:
+    with server(tmp_path / "serve", "logger=none", "warmup=false", "serve.max_batch=1") as url, \
+            httpx.Client() as client:  # one request: no batch sizes above one to measure costs for
         events = stream_events(client, url, {"model": "smollm2", "messages": chat(prompt), "max_tokens": 32,
                                              "temperature": 0})
     tokens = [token for event in events if event["choices"] for token in event["selfspec"]["tokens"]]
