@@ -88,6 +88,24 @@ def test_generations_join_and_leave_between_steps(tiny):
     assert outputs[id(first)] == generate(tiny, PROMPTS[0], settings).new_tokens[:len(outputs[id(first)])]
 
 
+def test_fewer_rows_than_prompts_refill_as_rows_end(tiny):
+    """Five prompts through two rows: a prompt waits until a row ends (one ends early at an end id) and takes its
+    drafter; each decodes what it decodes alone, and its neighbours are the prompts in the batch while it was."""
+    prompts = [PROMPTS[1], PROMPTS[0], PROMPTS[2], PROMPTS[3], PROMPTS[0][::-1]]
+    end_ids = (generate(tiny, PROMPTS[0], GREEDY).new_tokens[3],)  # the second prompt ends after 4 tokens
+    drafters = [SelfDrafter(tiny, make_skip_set([1], [2], 6), DraftExit(3)), NgramDrafter(tiny, 1, 4)]
+    results = generate_batch(tiny, prompts, GREEDY, drafters, end_ids, rows=2)
+    alone = [generate(tiny, ids, GREEDY, end_ids=end_ids).new_tokens for ids in prompts]
+    assert [r.new_tokens for r in results] == alone
+    assert len(results[1].new_tokens) == 4 and len(results[0].new_tokens) > 4
+    assert results[0].batch_neighbours[:2] == [1, 2]  # the third prompt joined when the second ended
+    assert 2 not in results[1].batch_neighbours  # it waited for the second prompt's row
+    for i, result in enumerate(results):
+        assert result.batch_neighbours and all(i in results[j].batch_neighbours for j in result.batch_neighbours)
+    with pytest.raises(SelfspecError, match="3 drafters for a batch of 2 rows"):
+        generate_batch(tiny, prompts, GREEDY, drafters + [None], rows=2)
+
+
 def test_sampled_rows_keep_the_full_models_distribution_in_a_mixed_batch():
     """Two sampled rows, one drafting with a skipped sublayer and one with copies or the skip draft, beside a greedy
     neighbour that never leaves the batch before them: each sampled row's (token 2, token 3) fits its exact

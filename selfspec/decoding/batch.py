@@ -9,6 +9,7 @@ A row that ends leaves at once (its slot goes to the last row), and a new genera
 (`add`): a server batches continuously with this.
 """
 
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -121,36 +122,58 @@ def batch_length(prompts: list[list[int]], settings: SamplingSettings, drafters:
 def decode_batch_steps(model, prompts: list[list[int]], settings: SamplingSettings,
                        drafters: list[Drafter | None] | None = None, end_ids: tuple[int, ...] = (),
                        generators: list[torch.Generator | None] | None = None, target_gate: float | None = None,
-                       rules: TextRules | None = None, top_logprobs: int | None = None
+                       rules: TextRules | None = None, top_logprobs: int | None = None, rows: int | None = None
                        ) -> Iterator[tuple[int, Emitted]]:
-    """Decode `prompts` together, one drafter (None: plain) and generator per prompt; yields (prompt index,
-    what it emitted) as decode_steps does for one prompt, each prompt's prefill first."""
+    """Decode `prompts` in a batch of `rows` rows (None: all together), one generator per prompt; yields (prompt
+    index, what it emitted) as decode_steps does for one prompt, each prompt's prefill first. `drafters`: one per
+    row (None: plain decoding). With fewer rows than prompts the batch starts with the first prompts, and as a row
+    ends the next prompt joins in its place, with its drafter (decoding as a server batches, never with an idle row
+    while prompts wait)."""
     if not prompts:
         raise SelfspecError("an empty batch: give at least one prompt")
-    drafters = drafters or [None] * len(prompts)
+    rows = rows or len(prompts)
+    free = list(drafters or [None] * rows)  # the drafters of the rows no generation holds
+    if len(free) != rows:
+        raise SelfspecError(f"{len(free)} drafters for a batch of {rows} rows: give one per row")
     generators = generators or [None] * len(prompts)
-    batch = DecodingBatch(model, len(prompts), batch_length(prompts, settings, drafters))
-    index = {}
-    for i, (prompt, drafter, generator) in enumerate(zip(prompts, drafters, generators)):
-        generation, emitted = batch.add(prompt, settings, drafter, end_ids, generator, target_gate, rules,
-                                        top_logprobs)
-        index[id(generation)] = i
-        yield i, emitted
-    while batch.rows:
-        for generation, emitted in batch.step():
-            yield index[id(generation)], emitted
+    batch = DecodingBatch(model, rows, batch_length(prompts, settings, free))
+    holder: dict[Generation, tuple[int, Drafter | None]] = {}  # a generation in the batch -> (prompt, drafter)
+    waiting = deque(range(len(prompts)))
+    while waiting or batch.rows:
+        while waiting and not batch.full:  # free rows take the next prompts
+            index, drafter = waiting.popleft(), free.pop(0)
+            generation, emitted = batch.add(prompts[index], settings, drafter, end_ids, generators[index],
+                                            target_gate, rules, top_logprobs)
+            yield index, emitted
+            if generation.finished:  # it ended at its prefill
+                free.append(drafter)
+            else:
+                holder[generation] = index, drafter
+        if batch.rows:
+            for generation, emitted in batch.step():
+                yield holder[generation][0], emitted
+                if generation.finished:
+                    free.append(holder.pop(generation)[1])
 
 
 def generate_batch(model, prompts: list[list[int]], settings: SamplingSettings,
                    drafters: list[Drafter | None] | None = None, end_ids: tuple[int, ...] = (),
                    generators: list[torch.Generator | None] | None = None, target_gate: float | None = None,
-                   rules: TextRules | None = None) -> list[GenerationResult]:
-    """`generate` for several prompts at once: one result per prompt, each timed from the batch's start to the
-    step that ended it."""
+                   rules: TextRules | None = None, rows: int | None = None) -> list[GenerationResult]:
+    """`generate` for several prompts in a batch of `rows` (decode_batch_steps): one result per prompt, each timed
+    from just before its prefill to the step that ended it, with the prompts it shared the batch with."""
     device = output_device(model)
-    start = clock(device)
-    tallies = [Tally(start) for _ in prompts]
-    for i, emitted in decode_batch_steps(model, prompts, settings, drafters, end_ids, generators, target_gate,
-                                         rules):
-        tallies[i].add(emitted, clock(device))
-    return [tally.result(end_ids) for tally in tallies]
+    now = clock(device)
+    tallies: dict[int, Tally] = {}
+    spans: dict[int, list[int]] = {}  # prompt -> [its first event, its last event]
+    for event, (i, emitted) in enumerate(decode_batch_steps(model, prompts, settings, drafters, end_ids,
+                                                            generators, target_gate, rules, rows=rows)):
+        tally = tallies.setdefault(i, Tally(now))  # `now`: when its prefill began
+        now = clock(device)
+        tally.add(emitted, now)
+        spans.setdefault(i, [event, event])[1] = event
+    results = [tallies[i].result(end_ids) for i in range(len(prompts))]
+    for i, result in enumerate(results):
+        result.batch_neighbours = [j for j in range(len(prompts))
+                                   if j != i and spans[j][0] <= spans[i][1] and spans[i][0] <= spans[j][1]]
+    return results

@@ -33,6 +33,8 @@ class GenerationResult:
     steps: list[StepRecord] = field(default_factory=list)
     rollbacks: int = 0  # times a banned word completed and the output was rolled back (decoding/text_rules.py)
     finish_reason: str = "length"  # "stop": an end id or a stop string ended it | "length": max_new_tokens did
+    batch_neighbours: list[int] = field(default_factory=list)  # decoded in a batch: the other prompts (indices into
+    # the batch's prompts) that were in it while this one was
 
     @property
     def drafted(self) -> int:

@@ -58,12 +58,13 @@ class Strategy:
 
     def generate_batch(self, prompts: list[list[int]], generators: list[torch.Generator | None] | None = None,
                        batch_size: int | None = None) -> list[GenerationResult]:
-        """`generate` for several prompts decoded together (decoding/batch.py): one result per prompt. The rows'
-        drafters are those of batches of `batch_size` (default: len(prompts)), so a run's last, smaller batch drafts
-        as its others."""
-        drafters = self.drafters(batch_size or len(prompts))[:len(prompts)]
+        """`generate` for several prompts, `batch_size` (default: all) decoding together at a time, a waiting prompt
+        joining as a row ends (decoding/batch.py): one result per prompt. The rows' drafters are those of batches
+        of `batch_size`, so fewer prompts than rows draft as a full batch's would."""
+        rows = min(batch_size or len(prompts), len(prompts))
+        drafters = self.drafters(batch_size or len(prompts))[:rows]
         return generate_batch(self.model, prompts, self.settings, drafters, self.end_ids, generators,
-                              self.target_gate, self.rules)
+                              self.target_gate, self.rules, rows)
 
     def batch_steps(self, prompts: list[list[int]], generators: list[torch.Generator | None] | None = None,
                     top_logprobs: int | None = None) -> Iterator[tuple[int, Emitted]]:

@@ -20,6 +20,9 @@ from selfspec.records.prompt_records import PromptRecord, append_record, first_d
 from selfspec.timing import clock
 
 T = TypeVar("T")
+GROUP_BATCHES = 4  # batch_size > 1: each strategy decodes a group of 4 x batch_size prompts, batch_size at a time
+# (a waiting prompt joins as a row ends), before the next strategy decodes the same group: strategies stay
+# interleaved, and the batch runs full until the group's last rows
 
 
 def evaluate(strategies: list[Strategy], prompts: list[Prompt], prompt_ids: list[list[int]], tokenizer,
@@ -32,14 +35,17 @@ def evaluate(strategies: list[Strategy], prompts: list[Prompt], prompt_ids: list
     own earlier answers (data.turns=all); a batch decodes turn by turn. earlier: the records already in
     records.jsonl (resume=true): their (prompt, turn, strategy) is not decoded again, and their steps are replayed
     into the draft-exit policies. batch_size: prompts decoded together (decoding/batch.py), each compared with plain
-    decoding of the same batch."""
+    decoding of the same prompt; the records of a group (GROUP_BATCHES) share its wall time and list the prompts
+    that shared the batch with them."""
     records_path = out_dir / "records.jsonl"
     done = {(r.question_id, r.turn, r.strategy): r for r in earlier or []}
     if warmup:
         _warm_up(strategies, prompt_ids[0], seed, batch_size)
     _replay_steps(strategies, earlier or [])
-    batches = [range(first, min(first + batch_size, len(prompts))) for first in range(0, len(prompts), batch_size)]
-    for batch in tqdm(batches, desc="prompts" if batch_size == 1 else f"batches of {batch_size}", unit="batch"):
+    group = batch_size * GROUP_BATCHES if batch_size > 1 else 1
+    batches = [range(first, min(first + group, len(prompts))) for first in range(0, len(prompts), group)]
+    for batch in tqdm(batches, desc="prompts" if batch_size == 1 else f"groups of {group} prompts, {batch_size} "
+                      f"at a time", unit="group" if batch_size > 1 else "prompt"):
         answers = {(index, strategy.name): [] for index in batch for strategy in strategies}  # earlier turns' outputs
         for turn in range(max(len(prompts[i].turns) for i in batch) if all_turns else 1):
             rows = [i for i in batch if turn < len(prompts[i].turns)]
@@ -79,18 +85,19 @@ def _decode(strategy: Strategy, prompts: list[Prompt], turn: int, ids: list[list
     batch_s = statistics.median(seconds for (_, seconds), _ in measured)
     peaks = [mb for _, mb in measured if mb is not None]
     records = []
+    group = [p.question_id for p in prompts] if batch_size > 1 else []
     for row, (prompt, result, reference) in enumerate(zip(prompts, results, plain)):
         result.elapsed_s = statistics.median(run[0][0][row].elapsed_s for run in measured)
-        neighbours = [p.question_id for p in prompts if p is not prompt]
+        neighbours = [prompts[j].question_id for j in result.batch_neighbours]
         records.append(_record(strategy, prompt, turn, ids[row], result, reference, tokenizer,
-                               max(peaks) if peaks else None, len(prompts) if batch_size > 1 else 1, neighbours,
+                               max(peaks) if peaks else None, min(batch_size, len(prompts)), neighbours, group,
                                batch_s))
     return records
 
 
 def _record(strategy: Strategy, prompt: Prompt, turn: int, ids: list[int], result: GenerationResult,
             plain: PromptRecord | None, tokenizer, peak_mem_mb: float | None, batch_size: int,
-            neighbours: list[str], batch_elapsed_s: float) -> PromptRecord:
+            neighbours: list[str], group: list[str], batch_elapsed_s: float) -> PromptRecord:
     if strategy.name == "plain":
         reference_ids, reference_tps = result.new_tokens, result.tokens_per_s
     else:
@@ -105,7 +112,7 @@ def _record(strategy: Strategy, prompt: Prompt, turn: int, ids: list[int], resul
         matches_plain=result.new_tokens == reference_ids if reference_ids is not None else None,
         first_difference=first_difference(result.new_tokens, reference_ids) if reference_ids is not None else None,
         gated_steps=result.gated_steps, rollbacks=result.rollbacks, finish_reason=result.finish_reason,
-        peak_mem_mb=peak_mem_mb, batch_size=batch_size, batch_neighbours=neighbours,
+        peak_mem_mb=peak_mem_mb, batch_size=batch_size, batch_neighbours=neighbours, batch_group=group,
         batch_elapsed_s=batch_elapsed_s, output_ids=result.new_tokens,
         output_text=before_stop(tokenizer.decode(result.new_tokens), strategy), steps=result.steps)
 

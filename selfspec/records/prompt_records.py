@@ -40,9 +40,11 @@ class PromptRecord:
     finish_reason: str = ""  # "stop" (an end id or a stop string) | "length" (max_new_tokens); "": not recorded
     peak_mem_mb: float | None = None  # peak memory growth during generate, MiB, max over repeats (CPU: peak RSS);
     # with batch_size > 1 the whole batch's
-    batch_size: int = 1  # prompts decoded together with this one (run.py batch_size; the last batch may be smaller)
-    batch_neighbours: list[str] = field(default_factory=list)  # the question ids decoded beside it
-    batch_elapsed_s: float | None = None  # the whole batch's wall time, median over repeats (elapsed_s: this row's)
+    batch_size: int = 1  # rows of the batch it was decoded in (run.py batch_size; fewer where fewer prompts were left)
+    batch_neighbours: list[str] = field(default_factory=list)  # the question ids in the batch while it was
+    batch_group: list[str] = field(default_factory=list)  # the question ids the batch decoded, one after another as
+    # rows ended (evaluate.GROUP_BATCHES); []: records written before groups, whose batch was it and its neighbours
+    batch_elapsed_s: float | None = None  # the group's wall time, median over repeats (elapsed_s: this row's)
     output_ids: list[int] = field(default_factory=list)
     output_text: str = ""
     steps: list[RecordedStep] = field(default_factory=list)  # one per verification (written: every StepRecord field)
@@ -189,12 +191,12 @@ class BatchTime:
 
 def batch_times(records: list[PromptRecord]) -> list[BatchTime]:
     """Each batch of one strategy's records once, in order of appearance: a batch's rows share the turn and the
-    question ids decoded together, and each holds the batch's wall time (batch_elapsed_s; records written before
+    group of question ids it decoded, and each holds the group's wall time (batch_elapsed_s; records written before
     batching: their own elapsed_s, a batch of one)."""
     batches: dict[tuple[int, frozenset[str]], BatchTime] = {}
     for r in records:
-        batch = batches.setdefault((r.turn, frozenset([r.question_id, *r.batch_neighbours])),
-                                   BatchTime(0, r.batch_elapsed_s or r.elapsed_s))
+        group = r.batch_group or [r.question_id, *r.batch_neighbours]
+        batch = batches.setdefault((r.turn, frozenset(group)), BatchTime(0, r.batch_elapsed_s or r.elapsed_s))
         batch.new_tokens += r.new_tokens
     return list(batches.values())
 
