@@ -12,7 +12,8 @@ from selfspec.records import runs as runs_
 from selfspec.settings import make_skip_set
 
 from helpers import FIGURES
-from random_skip_sets import random_skip_sets, skip_sets_yaml  # experiments/, on sys.path by conftest
+import batch_throughput  # experiments/, on sys.path by conftest
+from random_skip_sets import random_skip_sets, skip_sets_yaml
 from sample_records import TEST_RUNS, slim
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,3 +145,15 @@ def test_batch_sweep_reads_each_jobs_batch_size(tiny_outputs):
     assert {r.batch_size for r in runs[1].records} == {4}  # 7 prompts, 4 at a time, the last 3 joining as rows end
     assert all(len(r.batch_group) == 7 and 2 <= len(r.batch_neighbours) <= 6 for r in runs[1].records)
     assert all(r.batch_neighbours == [] and r.batch_group == [] for r in runs[0].records)
+
+
+def test_batch_throughput_measures_every_batch_size_in_one_process(capsys):
+    """Every batch size and strategy decodes the same prompts (the script fails where an output differs from plain
+    decoding at batch size 1), and the table has a row per batch size with plain's ratio to batch 1."""
+    batch_throughput.main(["model=tiny_llama", "data.limit=1", "sampling.max_new_tokens=8",
+                           "strategies=[plain,self_spec_hybrid]"])
+    rows = [line.strip("| ").split(" | ") for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| ") and line[2].isdigit()]
+    assert [row[0] for row in rows] == ["1", "2", "4", "8"]
+    assert rows[0][1].endswith("(1.00 of batch 1)") and rows[0][3] == "-"
+    assert all(len(row) == 4 for row in rows)  # batch size, plain, self_spec_hybrid, plain in fixed batches
