@@ -42,13 +42,13 @@ def evaluate(strategies: list[Strategy], prompts: list[Prompt], prompt_ids: list
     if warmup:
         _warm_up(strategies, prompt_ids[0], seed, batch_size)
     _replay_steps(strategies, earlier or [])
-    group = batch_size * GROUP_BATCHES if batch_size > 1 else 1
-    batches = [range(first, min(first + group, len(prompts))) for first in range(0, len(prompts), group)]
-    for batch in tqdm(batches, desc="prompts" if batch_size == 1 else f"groups of {group} prompts, {batch_size} "
-                      f"at a time", unit="group" if batch_size > 1 else "prompt"):
-        answers = {(index, strategy.name): [] for index in batch for strategy in strategies}  # earlier turns' outputs
-        for turn in range(max(len(prompts[i].turns) for i in batch) if all_turns else 1):
-            rows = [i for i in batch if turn < len(prompts[i].turns)]
+    size = batch_size * GROUP_BATCHES if batch_size > 1 else 1
+    groups = [range(first, min(first + size, len(prompts))) for first in range(0, len(prompts), size)]
+    for group in tqdm(groups, desc="prompts" if batch_size == 1 else f"groups of {size} prompts, {batch_size} at a "
+                      f"time", unit="group" if batch_size > 1 else "prompt"):
+        answers = {(index, strategy.name): [] for index in group for strategy in strategies}  # earlier turns' outputs
+        for turn in range(max(len(prompts[i].turns) for i in group) if all_turns else 1):
+            rows = [i for i in group if turn < len(prompts[i].turns)]
             plain = {}
             for strategy in strategies:
                 todo = [i for i in rows if (prompts[i].question_id, turn, strategy.name) not in done]
