@@ -168,10 +168,11 @@ def generate_batch(model, prompts: list[list[int]], settings: SamplingSettings,
     spans: dict[int, list[int]] = {}  # prompt -> [its first event, its last event]
     for event, (i, emitted) in enumerate(decode_batch_steps(model, prompts, settings, drafters, end_ids,
                                                             generators, target_gate, rules, rows=rows)):
-        tally = tallies.setdefault(i, Tally(now))  # `now`: when its prefill began
+        if i not in tallies:  # its prefill, which began at `now`
+            tallies[i], spans[i] = Tally(now), [event, event]
         now = clock(device)
-        tally.add(emitted, now)
-        spans.setdefault(i, [event, event])[1] = event
+        tallies[i].add(emitted, now)
+        spans[i][1] = event
     results = [tallies[i].result(end_ids) for i in range(len(prompts))]
     for i, result in enumerate(results):
         result.batch_neighbours = [j for j in range(len(prompts))

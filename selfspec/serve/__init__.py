@@ -14,6 +14,7 @@ def serve(settings: RunSettings, out_dir: Path) -> None:
         import uvicorn
 
         from selfspec.serve.app import make_app
+        from selfspec.serve.batcher import pool_sizes
     except ImportError as missing:
         raise SelfspecError(f"task=serve needs the serve extra ({missing.name} is missing): "
                             f"pip install -e '.[serve]'") from None
@@ -33,6 +34,8 @@ def serve(settings: RunSettings, out_dir: Path) -> None:
     if settings.warmup:  # the first forward pays for lazy initialisation; not the first request
         for decoder in decoders.values():
             decoder.generate("Hello", max_new_tokens=4)
+    print(f"selfspec: measuring verify costs for batches of {pool_sizes(settings.serve.max_batch)} rows "
+          f"(each size's cost-aware exit prices its own verify) ...", flush=True)
     app = make_app(decoders, loaded.name, settings.serve, settings.sampling, settings.constraints)
     host, port = settings.serve.host, settings.serve.port
     print(f"selfspec: serving {loaded.name} ({settings.serve.strategy}) on http://{host}:{port} "

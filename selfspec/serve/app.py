@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 
 from selfspec.api.decoder import SelfSpeculativeDecoder
 from selfspec.errors import SelfspecError
-from selfspec.serve.batcher import Batcher, DecodingFailed, drafter_pools, pool_sizes, row_length
+from selfspec.serve.batcher import Batcher, DecodingFailed, drafter_pools, row_length
 from selfspec.serve.queue import QueueFull, RequestQueue, Ticket
 from selfspec.serve.schemas import (ChatCompletionRequest, CompletionRequest, Reply, Request as Body, error,
                                     error_body)
@@ -45,8 +45,6 @@ def make_app(decoders: dict[str, SelfSpeculativeDecoder], model_name: str, serve
     another (`"strategy": "plain"`); `sampling` and `constraints`: the defaults of what a request leaves out."""
     model = next(iter(decoders.values())).model
     context_length = getattr(model.config, "max_position_embeddings", None)
-    print(f"selfspec: measuring verify costs for batches of {pool_sizes(serve.max_batch)} rows "
-          f"(each size's cost-aware exit prices its own verify) ...", flush=True)
     pools = drafter_pools(decoders.values(), sampling, serve.max_batch)
     batcher = Batcher(model, serve.max_batch, row_length(serve, context_length, pools), pools)
     queue = RequestQueue(serve.max_batch, serve.max_queue)
