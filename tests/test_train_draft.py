@@ -9,8 +9,9 @@ import torch
 
 from selfspec.models.loading import LoadedModel
 from selfspec.models.tiny import tiny_model
-from selfspec.training.draft_data import generate_sequences, sequence_states, train_prompts
-from selfspec.training.train_draft import fit, new_part, training_rows
+from selfspec.data.prompt_sets import encode_prompt
+from selfspec.training.draft_data import TrainingSequence, generate_sequences, sequence_states, train_prompts
+from selfspec.training.train_draft import batch_states, fit, new_part, training_rows
 
 from helpers import main_in_process, run_py, run_settings
 
@@ -26,8 +27,8 @@ def settings(kind, *overrides):
 
 def training_data(model, tokenizer, run, data_dir, exit_layer):
     loaded = LoadedModel("tiny", model, tokenizer, ())
-    sequences = generate_sequences(loaded, train_prompts(run.train), run.train, data_dir)
-    return sequences, sequence_states(model, sequences, exit_layer, data_dir, run.train.generate_batch)
+    sequences, prompt_lengths = generate_sequences(loaded, train_prompts(run.train), run.train, data_dir)
+    return sequences, sequence_states(model, sequences, prompt_lengths, exit_layer, data_dir, run.train.generate_batch)
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +44,8 @@ def test_training_lowers_the_validation_loss_and_keeps_the_best(model, tokenizer
     assert len(sequences) == 8 and all(len(s) > 12 for s in sequences)  # 4 prompts x (greedy + 1 sampled)
     assert len({tuple(s) for s in sequences}) > 4  # the sampled ones differ from the greedy ones
     assert all(d.final.shape == (len(d.tokens), 32) and (d.shallow is not None) == (kind == "kangaroo") for d in data)
+    prompts = [encode_prompt(tokenizer, p) for p in train_prompts(run.train)]
+    assert all(d.tokens[:d.prompt_length].tolist() in prompts and d.prompt_length < len(d.tokens) for d in data)
     rows = training_rows(torch.arange(model.config.vocab_size), model.lm_head.weight.detach(), data, "data")
     history = fit(new_part(model, kind, exit_layer), model, data, (rows, model.lm_head.weight.detach()), run,
                   tmp_path, exit_layer, 0.0)
@@ -51,6 +54,19 @@ def test_training_lowers_the_validation_loss_and_keeps_the_best(model, tokenizer
     saved = torch.load(tmp_path / ("head.pt" if kind == "feature" else "adapter.pt"), weights_only=True)
     assert saved["kind"] == kind and saved["val_loss"] == min(h["val_loss"] for h in history)
     assert saved["made_by"]["data"]["sets"] == ["chat"]
+    assert all(0 <= h["val_generated_agreement"] <= 1 for h in history)
+    assert saved["val_generated_agreement"] == min(history, key=lambda h: h["val_loss"])["val_generated_agreement"]
+
+
+@pytest.mark.parametrize("kind,first", [("feature", 3), ("kangaroo", 4)])
+def test_the_generated_positions_are_those_that_score_generated_tokens(model, kind, first):
+    """A 10-token sequence whose last 5 the model generated: the head's position j scores token j + 2 (it predicts
+    h_{j+1}), the adapter's position j token j + 1 (it predicts h_j)."""
+    sequence = TrainingSequence(torch.arange(10), 5, torch.randn(10, 32, dtype=torch.float64),
+                                torch.randn(10, 32, dtype=torch.float64))
+    exit_layer = 2 if kind == "kangaroo" else None
+    _, _, mask, generated = batch_states(new_part(model, kind, exit_layer), model, [sequence], 0.0)
+    assert generated[0].nonzero().flatten().tolist() == list(range(first, mask.shape[1]))
 
 
 def test_training_scores_the_rows_of_the_tokens_its_data_holds(model, tokenizer, tmp_path):

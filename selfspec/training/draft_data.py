@@ -30,6 +30,7 @@ from selfspec.timing import clock
 @dataclass
 class TrainingSequence:
     tokens: torch.Tensor  # (L,) long: prompt + generated continuation
+    prompt_length: int  # tokens[prompt_length:] the model generated
     final: torch.Tensor  # (L, hidden): the model's final normed hidden states
     shallow: torch.Tensor | None = None  # (L, hidden): its states after kangaroo.exit_layer layers (Kangaroo only)
 
@@ -48,13 +49,13 @@ def train_prompts(settings: TrainSettings) -> list[Prompt]:
 
 
 def generate_sequences(loaded: LoadedModel, prompts: list[Prompt], settings: TrainSettings,
-                       data_dir: Path) -> list[list[int]]:
-    """`samples_per_prompt` sequences per prompt (greedy first), shard by shard; a shard written by an earlier run
-    with the same settings is read back instead of generated again."""
+                       data_dir: Path) -> tuple[list[list[int]], list[int]]:
+    """(sequences, their prompts' lengths): `samples_per_prompt` sequences per prompt (greedy first), shard by shard;
+    a shard written by an earlier run with the same settings is read back instead of generated again."""
     data_dir.mkdir(parents=True, exist_ok=True)
     ids = sorted((encode_prompt(loaded.tokenizer, p) for p in prompts), key=len)  # little left padding per batch
     batches = [ids[i:i + settings.generate_batch] for i in range(0, len(ids), settings.generate_batch)]
-    sequences, started = [], clock()
+    sequences, prompt_lengths, started = [], [], clock()
     bar = tqdm(total=len(ids) * settings.samples_per_prompt * settings.max_new_tokens, desc="generate",
                unit="tok", unit_scale=True)
     for index, batch in enumerate(batches):
@@ -68,11 +69,12 @@ def generate_sequences(loaded: LoadedModel, prompts: list[Prompt], settings: Tra
             saved = {"key": key, "sequences": [seq for rows in made for seq in rows]}
             save_atomic(saved, path)
         sequences += saved["sequences"]
+        prompt_lengths += [len(prompt) for _ in range(settings.samples_per_prompt) for prompt in batch]  # as made
         bar.update(len(batch) * settings.samples_per_prompt * settings.max_new_tokens)
     bar.close()
     tokens = sum(map(len, sequences))
     print(f"train data: {len(sequences)} sequences, {tokens} tokens ({clock() - started:.0f} s)")
-    return sequences
+    return sequences, prompt_lengths
 
 
 @torch.inference_mode()
@@ -91,8 +93,8 @@ def continue_batch(loaded: LoadedModel, prompts: list[list[int]], settings: Trai
 
 
 @torch.no_grad()  # not inference_mode: the draft trains on these tensors
-def sequence_states(model, sequences: list[list[int]], exit_layer: int | None, data_dir: Path,
-                    shard_size: int) -> list[TrainingSequence]:
+def sequence_states(model, sequences: list[list[int]], prompt_lengths: list[int], exit_layer: int | None,
+                    data_dir: Path, shard_size: int) -> list[TrainingSequence]:
     """The states of every sequence (final, and after `exit_layer` layers if set), stored per shard of
     `shard_size` sequences in float16 and read back when the shard's sequences are the same."""
     layers = f"final-{exit_layer}" if exit_layer else "final"
@@ -107,8 +109,9 @@ def sequence_states(model, sequences: list[list[int]], exit_layer: int | None, d
             saved = {"sequences": shard, "final": [f.half().cpu() for f, _ in states],
                      "shallow": [s.half().cpu() if s is not None else None for _, s in states]}
             save_atomic(saved, path)
-        for seq, final, shallow in zip(shard, saved["final"], saved["shallow"]):
-            out.append(TrainingSequence(torch.tensor(seq), final.to(model.dtype),
+        for seq, prompt_length, final, shallow in zip(shard, prompt_lengths[start:start + shard_size], saved["final"],
+                                                      saved["shallow"]):
+            out.append(TrainingSequence(torch.tensor(seq), prompt_length, final.to(model.dtype),
                                         shallow.to(model.dtype) if shallow is not None else None))
     return out
 

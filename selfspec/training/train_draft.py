@@ -14,11 +14,13 @@ sequences; a validation split by sequence.
 
 After every epoch checkpoint.pt (part, optimizer, history) is written atomically and the best part so far by
 validation loss is saved (head.pt / adapter.pt), so a rerun into the same directory (or train.resume=<dir>) goes
-on; validation agreement with the full model's next token is printed per epoch and logged to W&B with the losses,
-and the final part is logged as a W&B artifact. Stops early after `train.max_minutes` (data included).
+on; validation agreement with the full model's next token (at every position, and at the generated tokens alone:
+what drafting sees) is printed per epoch and logged to W&B with the losses, and the final part is logged as a W&B
+artifact. Stops early after `train.max_minutes` (data included).
 """
 
 import random
+from math import nan
 import subprocess
 import sys
 from dataclasses import asdict
@@ -55,8 +57,8 @@ def train(run: RunSettings, out_dir: Path) -> Path:
     model = loaded.model.requires_grad_(False)  # frozen: gradients flow into the draft only
     exit_layer = check_exit_layer(run.kangaroo.exit_layer, num_layers(model)) if kind == "kangaroo" else None
     data_dir = Path(settings.data_dir).expanduser() if settings.data_dir else work_dir / "draft_data"
-    sequences = generate_sequences(loaded, train_prompts(settings), settings, data_dir)
-    data = sequence_states(model, sequences, exit_layer, data_dir, settings.generate_batch)
+    sequences, prompt_lengths = generate_sequences(loaded, train_prompts(settings), settings, data_dir)
+    data = sequence_states(model, sequences, prompt_lengths, exit_layer, data_dir, settings.generate_batch)
     token_ids, weight = output_rows(model, loaded.tokenizer, run.draft.vocab_size)
     train_weight = training_rows(token_ids, weight, data, settings.ce_vocab)
     part = new_part(model, kind, exit_layer)
@@ -73,7 +75,8 @@ def train(run: RunSettings, out_dir: Path) -> Path:
     untrained = history[0]
     print(f"\n{kind} draft for {loaded.name}: epoch {best['epoch']}, val loss {best['val_loss']:.4f} (untrained "
           f"{untrained['val_loss']:.4f}), val agreement {best['val_agreement']:.3f} (untrained "
-          f"{untrained['val_agreement']:.3f}); {sum(len(s.tokens) for s in data)} tokens, "
+          f"{untrained['val_agreement']:.3f}), on generated text {best.get('val_generated_agreement', nan):.3f}; "
+          f"{sum(len(s.tokens) for s in data)} tokens, "
           f"{(clock() - started) / 60:.1f} min\nsaved: {path}")
     strategy = "'strategies=[plain,self_spec_head,self_spec_tree]' draft.head" if kind == "feature" else \
         "'strategies=[plain,kangaroo]' kangaroo.adapter_path"
@@ -126,8 +129,9 @@ def split(sequences: list, val_fraction: float, seed: int) -> tuple[list, list]:
 
 
 def batch_states(part, model, batch: list[TrainingSequence], noise: float, generator=None) -> tuple:
-    """(predicted states, true states, mask), (B, L, hidden) twice and (B, L), over right-padded sequences: the
-    feature head predicts h_{t+1} from (h_t, x_{t+1}); the Kangaroo adapter h_t from the shallow state."""
+    """(predicted states, true states, mask, generated), (B, L, hidden) twice and (B, L) twice, over right-padded
+    sequences: the feature head predicts h_{t+1} from (h_t, x_{t+1}); the Kangaroo adapter h_t from the shallow
+    state. `generated`: where the state scores a token the model generated (not one of its prompt's)."""
     feature = isinstance(part, FeatureHead)
     length = max(len(s.tokens) for s in batch) - (1 if feature else 0)
     hidden = batch[0].final.shape[-1]
@@ -135,12 +139,15 @@ def batch_states(part, model, batch: list[TrainingSequence], noise: float, gener
     targets = torch.zeros(len(batch), length, hidden, dtype=model.dtype)  # (B, L, hidden)
     tokens = torch.zeros(len(batch), length + 1, dtype=torch.long)  # (B, L + 1)
     mask = torch.zeros(len(batch), length, dtype=torch.long)  # (B, L)
+    generated = torch.zeros(len(batch), length, dtype=torch.bool)  # (B, L)
+    scored = 2 if feature else 1  # the state at position j scores token j + scored
     for row, seq in enumerate(batch):
         n = len(seq.tokens) - (1 if feature else 0)
         inputs[row, :n] = seq.final[:n] if feature else seq.shallow
         targets[row, :n] = seq.final[1:] if feature else seq.final
         tokens[row, :len(seq.tokens)] = seq.tokens
         mask[row, :n] = 1
+        generated[row, max(seq.prompt_length - scored, 0):n] = True
     if noise:
         inputs = inputs + noise * torch.randn(inputs.shape, generator=generator, dtype=inputs.dtype)
     positions = torch.arange(length)[None].expand(len(batch), -1)  # (B, L)
@@ -152,14 +159,15 @@ def batch_states(part, model, batch: list[TrainingSequence], noise: float, gener
     else:
         predicted = part(inputs_embeds=inputs, position_ids=positions, attention_mask=mask_d,
                          use_cache=False).last_hidden_state
-    return predicted, targets.to(device), mask_d
+    return predicted, targets.to(device), mask_d, generated.to(device)
 
 
 def losses(part, model, batch, weight: torch.Tensor, weights, noise: float = 0.0,
-           generator=None) -> tuple[torch.Tensor, int, int]:
-    """(loss, agreeing positions, positions) of one batch: the weighted loss of the module docstring, with the output
-    layer's rows `weight` (n, hidden); agreement = the draft's argmax equals the full model's at a position."""
-    predicted, targets, mask = batch_states(part, model, batch, noise, generator)
+           generator=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, agreement (N,) bool, generated (N,) bool) of one batch's N positions: the weighted loss of the module
+    docstring, with the output layer's rows `weight` (n, hidden); agreement: the draft's argmax equals the full
+    model's; generated: the position scores a token the model generated."""
+    predicted, targets, mask, generated = batch_states(part, model, batch, noise, generator)
     keep = mask.bool()
     predicted, targets = predicted[keep], targets[keep]  # (N, hidden) each
     student = torch.log_softmax(output_logits(weight, predicted, logits_finish(model)), dim=-1)  # (N, n)
@@ -168,19 +176,21 @@ def losses(part, model, batch, weight: torch.Tensor, weights, noise: float = 0.0
     loss = weights.soft_ce_weight * -(teacher * student).sum(-1).mean()
     if weights.feature_weight:
         loss = loss + weights.feature_weight * F.smooth_l1_loss(predicted.float(), targets.float())
-    agree = int((student.argmax(-1) == teacher.argmax(-1)).sum())
-    return loss, agree, len(student)
+    return loss, student.argmax(-1) == teacher.argmax(-1), generated[keep]
 
 
 @torch.no_grad()
-def validate(part, model, val: list, weight: torch.Tensor, weights, batch_size: int) -> tuple[float, float]:
-    """Mean loss and argmax agreement over the validation sequences."""
+def validate(part, model, val: list, weight: torch.Tensor, weights, batch_size: int) -> dict:
+    """Mean loss and argmax agreement over the validation sequences, and the agreement on the generated tokens
+    alone (what drafting sees: the prompts' positions hold text the model did not write)."""
     part.eval()
-    total, agree, count = 0.0, 0, 0
+    total, agreement, generated = 0.0, [], []
     for i in range(0, len(val), batch_size):
-        loss, a, n = losses(part, model, val[i:i + batch_size], weight, weights)
-        total, agree, count = total + float(loss) * n, agree + a, count + n
-    return total / count, agree / count
+        loss, agree, made = losses(part, model, val[i:i + batch_size], weight, weights)
+        total, agreement, generated = total + float(loss) * len(agree), agreement + [agree], generated + [made]
+    agreement, generated = torch.cat(agreement), torch.cat(generated)
+    return {"val_loss": total / len(agreement), "val_agreement": agreement.float().mean().item(),
+            "val_generated_agreement": agreement[generated].float().mean().item()}
 
 
 def fit(part, model, data: list, rows: tuple[torch.Tensor, torch.Tensor], run: RunSettings, work_dir: Path,
@@ -195,18 +205,18 @@ def fit(part, model, data: list, rows: tuple[torch.Tensor, torch.Tensor], run: R
     checkpoint_path, part_path = work_dir / "checkpoint.pt", work_dir / FILES[kind]
     history = resume(checkpoint_path, part, optimizer, model, kind, exit_layer)
 
-    def save(path, epoch, val_loss, val_agreement):
-        extra = dict(epoch=epoch, val_loss=val_loss, val_agreement=val_agreement, made_by=provenance(run))
+    def save(path, row):
+        extra = dict(**{k: v for k, v in row.items() if k != "train_loss"}, made_by=provenance(run))
         if kind == "feature":
             save_feature_head(path, part, model, **extra)
         else:
             save_adapter(path, part, model, exit_layer, **extra)
 
     if not history:
-        val_loss, agreement = validate(part, model, val, weight, weights, settings.batch_size)
-        history = [{"epoch": 0, "train_loss": None, "val_loss": val_loss, "val_agreement": agreement}]
-        save(part_path, 0, val_loss, agreement)
-        print(f"epoch 0 (untrained): val loss {val_loss:.4f}, val agreement {agreement:.3f}")
+        history = [{"epoch": 0, "train_loss": None,
+                    **validate(part, model, val, weight, weights, settings.batch_size)}]
+        save(part_path, history[0])
+        print(f"epoch 0 (untrained): {described(history[0])}")
     done = history[-1]["epoch"]
     batches = (len(train_set) + settings.batch_size - 1) // settings.batch_size
     bar = tqdm(total=settings.epochs * batches, initial=min(done, settings.epochs) * batches, desc="train", unit="batch")
@@ -227,20 +237,23 @@ def fit(part, model, data: list, rows: tuple[torch.Tensor, torch.Tensor], run: R
             total += (value := loss.item())
             bar.update()
             bar.set_postfix(epoch=epoch, loss=f"{value:.3f}")
-        val_loss, agreement = validate(part, model, val, weight, weights, settings.batch_size)
-        if val_loss < min(h["val_loss"] for h in history):
-            save(part_path, epoch, val_loss, agreement)
-        row = {"epoch": epoch, "train_loss": total / batches, "val_loss": val_loss, "val_agreement": agreement}
+        row = {"epoch": epoch, "train_loss": total / batches,
+               **validate(part, model, val, weight, weights, settings.batch_size)}
+        if row["val_loss"] < min(h["val_loss"] for h in history):
+            save(part_path, row)
         history.append(row)
         save_atomic({"state_dict": part.state_dict(), "optimizer": optimizer.state_dict(), "history": history,
                      "kind": kind, "exit_layer": exit_layer, "model": model_signature(model)}, checkpoint_path)
         if wandb_run is not None:
             wandb_run.log(row)
-        bar.write(f"epoch {epoch}: train loss {row['train_loss']:.4f}, val loss {val_loss:.4f}, "
-                  f"val agreement {agreement:.3f}")
+        bar.write(f"epoch {epoch}: train loss {row['train_loss']:.4f}, {described(row)}")
     bar.close()
     return history
 
+
+def described(row: dict) -> str:
+    return (f"val loss {row['val_loss']:.4f}, val agreement {row['val_agreement']:.3f} "
+            f"(on generated text {row['val_generated_agreement']:.3f})")
 
 def resume(path: Path, part, optimizer, model, kind: str, exit_layer: int | None) -> list[dict]:
     """Load the checkpoint into part and optimizer; return its history ([] when there is none)."""
