@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 import torch
 
+from selfspec.data.prompt_sets import encode_prompt
 from selfspec.models.loading import LoadedModel
 from selfspec.models.tiny import tiny_model
-from selfspec.data.prompt_sets import encode_prompt
 from selfspec.training.draft_data import TrainingSequence, generate_sequences, sequence_states, train_prompts
 from selfspec.training.train_draft import batch_states, fit, new_part, training_rows
 

@@ -20,10 +20,10 @@ artifact. Stops early after `train.max_minutes` (data included).
 """
 
 import random
-from math import nan
 import subprocess
 import sys
 from dataclasses import asdict
+from math import nan
 from pathlib import Path
 
 import torch
@@ -254,6 +254,7 @@ def fit(part, model, data: list, rows: tuple[torch.Tensor, torch.Tensor], run: R
 def described(row: dict) -> str:
     return (f"val loss {row['val_loss']:.4f}, val agreement {row['val_agreement']:.3f} "
             f"(on generated text {row['val_generated_agreement']:.3f})")
+
 
 def resume(path: Path, part, optimizer, model, kind: str, exit_layer: int | None) -> list[dict]:
     """Load the checkpoint into part and optimizer; return its history ([] when there is none)."""
