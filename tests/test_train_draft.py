@@ -11,7 +11,8 @@ from selfspec.data.prompt_sets import encode_prompt
 from selfspec.models.loading import LoadedModel
 from selfspec.models.tiny import tiny_model
 from selfspec.training.draft_data import TrainingSequence, generate_sequences, sequence_states, train_prompts
-from selfspec.training.train_draft import batch_states, fit, new_part, training_rows
+from selfspec.errors import SelfspecError
+from selfspec.training.train_draft import batch_states, fit, losses, new_part, split, training_rows
 
 from helpers import main_in_process, run_py, run_settings
 
@@ -36,9 +37,9 @@ def model():
     return tiny_model("llama", num_layers=4, hidden_size=32).double()
 
 
-@pytest.mark.parametrize("kind", ["feature", "kangaroo"])
-def test_training_lowers_the_validation_loss_and_keeps_the_best(model, tokenizer, tmp_path, kind):
-    run = settings(kind, "train.epochs=3")
+@pytest.mark.parametrize("kind,targets", [("feature", "all"), ("kangaroo", "all"), ("feature", "generated")])
+def test_training_lowers_the_validation_loss_and_keeps_the_best(model, tokenizer, tmp_path, kind, targets):
+    run = settings(kind, "train.epochs=3", f"train.targets={targets}")
     exit_layer = 2 if kind == "kangaroo" else None
     sequences, data = training_data(model, tokenizer, run, tmp_path / "data", exit_layer)
     assert len(sequences) == 8 and all(len(s) > 12 for s in sequences)  # 4 prompts x (greedy + 1 sampled)
@@ -67,6 +68,30 @@ def test_the_generated_positions_are_those_that_score_generated_tokens(model, ki
     exit_layer = 2 if kind == "kangaroo" else None
     _, _, mask, generated = batch_states(new_part(model, kind, exit_layer), model, [sequence], 0.0)
     assert generated[0].nonzero().flatten().tolist() == list(range(first, mask.shape[1]))
+
+
+def test_validation_holds_out_whole_prompts():
+    """5 prompts x 3 sequences: every prompt's sequences fall on one side, one prompt in 5 validates, and the seed
+    picks which; a single prompt cannot be split."""
+    sequences = [TrainingSequence(torch.tensor([p, p + 1, 9, s]), 2, torch.zeros(4, 1)) for p in range(5)
+                 for s in range(3)]
+    train, val = split(sequences, 0.2, seed=0)
+    held_out, trained_on = ({int(s.tokens[0]) for s in side} for side in (val, train))
+    assert len(val) == 3 and len(held_out) == 1 and len(train) == 12 and not held_out & trained_on
+    assert len({int(split(sequences, 0.2, seed)[1][0].tokens[0]) for seed in range(10)}) > 1
+    with pytest.raises(SelfspecError, match="at least 2 different prompts"):
+        split(sequences[:3], 0.2, seed=0)
+
+
+def test_targets_generated_scores_the_generated_positions_alone(model):
+    """Loss on generated positions only: the same per-position losses as over all positions, at exactly those."""
+    sequence = TrainingSequence(torch.arange(10), 5, torch.randn(10, 32, dtype=torch.float64))
+    head, weights = new_part(model, "feature", None), settings("feature").draft_head
+    weight = model.lm_head.weight.detach()
+    loss, agree, generated = losses(head, model, [sequence], weight, weights)
+    only, only_agree, only_generated = losses(head, model, [sequence], weight, weights, generated_only=True)
+    assert len(loss) == 9 and len(only) == 6 and bool(only_generated.all())
+    assert torch.allclose(only, loss[generated]) and torch.equal(only_agree, agree[generated])
 
 
 def test_training_scores_the_rows_of_the_tokens_its_data_holds(model, tokenizer, tmp_path):
@@ -105,6 +130,8 @@ def test_shards_are_reused_and_training_resumes_exactly_and_reproducibly(model, 
     straight, stopped, twice = (torch.load(tmp_path / d / "checkpoint.pt", weights_only=True)["state_dict"]
                                 for d in ("straight", "stopped", "again"))
     assert all(torch.equal(straight[k], stopped[k]) and torch.equal(straight[k], twice[k]) for k in straight)
+    with pytest.raises(SelfspecError, match="loss on all positions, this run with .* loss on generated positions"):
+        seeded_fit(model, data, settings("feature", "train.epochs=5", "train.targets=generated"), tmp_path / "stopped")
 
 
 @pytest.mark.slow
@@ -153,6 +180,7 @@ def test_run_py_trains_and_benchmarks_kangaroo(tmp_path):
      "kangaroo.exit_layer=9 is out of range; allowed: 1..5"),
     (["experiment=train_draft", "train.resume=nowhere"], "train.resume='nowhere' holds no checkpoint.pt"),
     (["experiment=train_draft", "train.epochs=0"], "epochs=0 is out of range"),
+    (["experiment=train_draft", "train.targets=prompt"], "targets='prompt' is unknown; allowed: generated, all"),
     (["task=fly"], "task='fly' is unknown; allowed: evaluate, train_draft"),
 ])
 def test_bad_training_values_end_with_one_clear_line(tmp_path, monkeypatch, capsys, overrides, message):

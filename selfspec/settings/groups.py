@@ -208,10 +208,12 @@ class TrainSettings:
     seed: int
     resume: Optional[str]  # an earlier train_draft run dir: go on training there
     ce_vocab: str  # data: the soft CE over the tokens the training data holds | all: every row the draft scores
+    targets: str  # generated: the loss scores the positions predicting the model's continuation | all: the prompt's too
     data_dir: Optional[str]  # where the generations and states go; None = <run dir>/draft_data
 
     def __post_init__(self):
         one_of("ce_vocab", self.ce_vocab, ("data", "all"))
+        one_of("targets", self.targets, ("generated", "all"))
         for name, ok in (("epochs", self.epochs >= 1), ("max_new_tokens", self.max_new_tokens >= 1),
                          ("samples_per_prompt", self.samples_per_prompt >= 1), ("temperature", self.temperature > 0),
                          ("generate_batch", self.generate_batch >= 1), ("batch_size", self.batch_size >= 1),

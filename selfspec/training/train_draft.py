@@ -8,9 +8,10 @@ Loss per position: `feature_weight` x smooth-L1 between the predicted and the tr
 the cross-entropy of the draft's distribution against the full model's, both through the model's frozen output
 layer: the rows the draft scores (the draft vocabulary's where `draft.vocab_size` is set), in training only those of
 the tokens the training sequences hold (`train.ce_vocab=data`: the output layer dominates a training step, and every
-greedy next token is among them); validation scores with all of them. Inputs get Gaussian noise of std
-`feature_noise` (the head drafts on its own predictions after the first token). AdamW on padded batches of
-sequences; a validation split by sequence.
+greedy next token is among them); validation scores with all of them. `train.targets=generated` scores only the
+positions that predict the model's own continuation (what drafting sees); the prompt's positions stay as context.
+Inputs get Gaussian noise of std `feature_noise` (the head drafts on its own predictions after the first token).
+AdamW on padded batches of sequences; a validation split by prompt (a prompt's sequences often open alike).
 
 After every epoch checkpoint.pt (part, optimizer, history) is written atomically and the best part so far by
 validation loss is saved (head.pt / adapter.pt), so a rerun into the same directory (or train.resume=<dir>) goes
@@ -120,12 +121,18 @@ def training_rows(token_ids: torch.Tensor, weight: torch.Tensor, data: list[Trai
     return weight[in_data.to(weight.device)]
 
 
-def split(sequences: list, val_fraction: float, seed: int) -> tuple[list, list]:
-    """(train, val) by sequence, shuffled with `seed`; at least one of each."""
-    order = list(range(len(sequences)))
-    random.Random(seed).shuffle(order)
-    n_val = min(max(1, round(val_fraction * len(sequences))), len(sequences) - 1)
-    return [sequences[i] for i in order[n_val:]], [sequences[i] for i in order[:n_val]]
+def split(sequences: list[TrainingSequence], val_fraction: float, seed: int) -> tuple[list, list]:
+    """(train, val) by prompt: a prompt's sequences all fall on one side, prompts shuffled with `seed`; about
+    `val_fraction` of the prompts, at least one, validate."""
+    by_prompt: dict[tuple, list] = {}
+    for seq in sequences:
+        by_prompt.setdefault(tuple(seq.tokens[:seq.prompt_length].tolist()), []).append(seq)
+    groups = list(by_prompt.values())
+    if len(groups) < 2:
+        raise SelfspecError(f"training needs at least 2 different prompts (train and validation), got {len(groups)}")
+    random.Random(seed).shuffle(groups)
+    n_val = min(max(1, round(val_fraction * len(groups))), len(groups) - 1)
+    return [s for group in groups[n_val:] for s in group], [s for group in groups[:n_val] for s in group]
 
 
 def batch_states(part, model, batch: list[TrainingSequence], noise: float, generator=None) -> tuple:
@@ -162,34 +169,38 @@ def batch_states(part, model, batch: list[TrainingSequence], noise: float, gener
     return predicted, targets.to(device), mask_d, generated.to(device)
 
 
-def losses(part, model, batch, weight: torch.Tensor, weights, noise: float = 0.0,
-           generator=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, agreement (N,) bool, generated (N,) bool) of one batch's N positions: the weighted loss of the module
-    docstring, with the output layer's rows `weight` (n, hidden); agreement: the draft's argmax equals the full
-    model's; generated: the position scores a token the model generated."""
+def losses(part, model, batch, weight: torch.Tensor, weights, noise: float = 0.0, generator=None,
+           generated_only: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss (N,), agreement (N,) bool, generated (N,) bool) at one batch's N scored positions (all, or those that
+    score generated tokens alone): the weighted loss of the module docstring, with the output layer's rows `weight`
+    (n, hidden); agreement: the draft's argmax equals the full model's; generated: the position scores a token the
+    model generated."""
     predicted, targets, mask, generated = batch_states(part, model, batch, noise, generator)
-    keep = mask.bool()
+    keep = mask.bool() & generated if generated_only else mask.bool()
     predicted, targets = predicted[keep], targets[keep]  # (N, hidden) each
     student = torch.log_softmax(output_logits(weight, predicted, logits_finish(model)), dim=-1)  # (N, n)
     with torch.no_grad():
         teacher = torch.softmax(output_logits(weight, targets, logits_finish(model)), dim=-1)  # (N, n)
-    loss = weights.soft_ce_weight * -(teacher * student).sum(-1).mean()
+    loss = weights.soft_ce_weight * -(teacher * student).sum(-1)  # (N,)
     if weights.feature_weight:
-        loss = loss + weights.feature_weight * F.smooth_l1_loss(predicted.float(), targets.float())
+        loss = loss + weights.feature_weight * F.smooth_l1_loss(predicted.float(), targets.float(),
+                                                                reduction="none").mean(-1)
     return loss, student.argmax(-1) == teacher.argmax(-1), generated[keep]
 
 
 @torch.no_grad()
-def validate(part, model, val: list, weight: torch.Tensor, weights, batch_size: int) -> dict:
-    """Mean loss and argmax agreement over the validation sequences, and the agreement on the generated tokens
-    alone (what drafting sees: the prompts' positions hold text the model did not write)."""
+def validate(part, model, val: list, weight: torch.Tensor, weights, batch_size: int, targets: str = "all") -> dict:
+    """The mean loss over the positions training scores (`targets`), and the argmax agreement over every position
+    and over the generated tokens alone (what drafting sees: the prompts' positions hold text the model did not
+    write)."""
     part.eval()
-    total, agreement, generated = 0.0, [], []
+    loss, agreement, generated = [], [], []
     for i in range(0, len(val), batch_size):
-        loss, agree, made = losses(part, model, val[i:i + batch_size], weight, weights)
-        total, agreement, generated = total + float(loss) * len(agree), agreement + [agree], generated + [made]
-    agreement, generated = torch.cat(agreement), torch.cat(generated)
-    return {"val_loss": total / len(agreement), "val_agreement": agreement.float().mean().item(),
+        per_position, agree, made = losses(part, model, val[i:i + batch_size], weight, weights)
+        loss.append(per_position), agreement.append(agree), generated.append(made)
+    loss, agreement, generated = torch.cat(loss), torch.cat(agreement), torch.cat(generated)
+    return {"val_loss": (loss[generated] if targets == "generated" else loss).mean().item(),
+            "val_agreement": agreement.float().mean().item(),
             "val_generated_agreement": agreement[generated].float().mean().item()}
 
 
@@ -203,7 +214,8 @@ def fit(part, model, data: list, rows: tuple[torch.Tensor, torch.Tensor], run: R
     train_set, val = split(data, settings.val_fraction, settings.seed)
     optimizer = torch.optim.AdamW(part.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     checkpoint_path, part_path = work_dir / "checkpoint.pt", work_dir / FILES[kind]
-    history = resume(checkpoint_path, part, optimizer, model, kind, exit_layer)
+    validation = f"split by prompt, loss on {settings.targets} positions"  # comparable across a resume only if equal
+    history = resume(checkpoint_path, part, optimizer, model, kind, exit_layer, validation)
 
     def save(path, row):
         extra = dict(**{k: v for k, v in row.items() if k != "train_loss"}, made_by=provenance(run))
@@ -214,7 +226,7 @@ def fit(part, model, data: list, rows: tuple[torch.Tensor, torch.Tensor], run: R
 
     if not history:
         history = [{"epoch": 0, "train_loss": None,
-                    **validate(part, model, val, weight, weights, settings.batch_size)}]
+                    **validate(part, model, val, weight, weights, settings.batch_size, settings.targets)}]
         save(part_path, history[0])
         print(f"epoch 0 (untrained): {described(history[0])}")
     done = history[-1]["epoch"]
@@ -230,7 +242,9 @@ def fit(part, model, data: list, rows: tuple[torch.Tensor, torch.Tensor], run: R
         total = 0.0
         for i in range(0, len(order), settings.batch_size):
             batch = [train_set[j] for j in order[i:i + settings.batch_size]]
-            loss, _, _ = losses(part, model, batch, train_weight, weights, weights.feature_noise, generator)
+            loss, _, _ = losses(part, model, batch, train_weight, weights, weights.feature_noise, generator,
+                                settings.targets == "generated")
+            loss = loss.mean()
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -238,12 +252,13 @@ def fit(part, model, data: list, rows: tuple[torch.Tensor, torch.Tensor], run: R
             bar.update()
             bar.set_postfix(epoch=epoch, loss=f"{value:.3f}")
         row = {"epoch": epoch, "train_loss": total / batches,
-               **validate(part, model, val, weight, weights, settings.batch_size)}
+               **validate(part, model, val, weight, weights, settings.batch_size, settings.targets)}
         if row["val_loss"] < min(h["val_loss"] for h in history):
             save(part_path, row)
         history.append(row)
         save_atomic({"state_dict": part.state_dict(), "optimizer": optimizer.state_dict(), "history": history,
-                     "kind": kind, "exit_layer": exit_layer, "model": model_signature(model)}, checkpoint_path)
+                     "kind": kind, "exit_layer": exit_layer, "model": model_signature(model),
+                     "validation": validation}, checkpoint_path)
         if wandb_run is not None:
             wandb_run.log(row)
         bar.write(f"epoch {epoch}: train loss {row['train_loss']:.4f}, {described(row)}")
@@ -256,7 +271,7 @@ def described(row: dict) -> str:
             f"(on generated text {row['val_generated_agreement']:.3f})")
 
 
-def resume(path: Path, part, optimizer, model, kind: str, exit_layer: int | None) -> list[dict]:
+def resume(path: Path, part, optimizer, model, kind: str, exit_layer: int | None, validation: str) -> list[dict]:
     """Load the checkpoint into part and optimizer; return its history ([] when there is none)."""
     if not path.exists():
         return []
@@ -264,6 +279,9 @@ def resume(path: Path, part, optimizer, model, kind: str, exit_layer: int | None
     if saved.get("kind") != kind or saved["exit_layer"] != exit_layer or saved["model"] != model_signature(model):
         raise SelfspecError(f"draft_head={kind}: the checkpoint {path} was trained as {saved.get('kind')} (exit layer "
                             f"{saved['exit_layer']}) for {saved['model']['model_type']}; use another output directory")
+    if saved.get("validation") != validation:  # its best-so-far losses would not compare with this run's
+        raise SelfspecError(f"the checkpoint {path} was validated with {saved.get('validation', 'a split by sequence')}"
+                            f", this run with {validation}: use another output directory")
     part.load_state_dict(saved["state_dict"])
     optimizer.load_state_dict(saved["optimizer"])
     print(f"train_draft: resuming from {path} after epoch {saved['history'][-1]['epoch']}")
