@@ -181,6 +181,7 @@ def test_run_py_trains_and_benchmarks_kangaroo(tmp_path):
     (["experiment=train_draft", "train.resume=nowhere"], "train.resume='nowhere' holds no checkpoint.pt"),
     (["experiment=train_draft", "train.epochs=0"], "epochs=0 is out of range"),
     (["experiment=train_draft", "train.targets=prompt"], "targets='prompt' is unknown; allowed: generated, all"),
+    (["experiment=train_draft", "train.self_prompts=-1"], "self_prompts=-1 is out of range"),
     (["task=fly"], "task='fly' is unknown; allowed: evaluate, train_draft"),
 ])
 def test_bad_training_values_end_with_one_clear_line(tmp_path, monkeypatch, capsys, overrides, message):

@@ -195,6 +195,7 @@ class TrainSettings:
     sets: tuple[str, ...]  # training prompts: the calibration half of each of these shipped sets
     prompt_file: Optional[str]  # and every prompt of this file (any prompt-file format of data=jsonl)
     prompts_per_set: Optional[int]  # None = the whole calibration half
+    self_prompts: int  # and this many user turns the model writes itself (training/self_prompts.py); 0 = none
     samples_per_prompt: int  # sequences per prompt: the greedy one, then sampled ones
     temperature: float  # of the sampled ones
     max_new_tokens: int
@@ -220,7 +221,8 @@ class TrainSettings:
                          ("lr", self.lr > 0), ("weight_decay", self.weight_decay >= 0),
                          ("val_fraction", 0 < self.val_fraction < 1),
                          ("max_minutes", self.max_minutes is None or self.max_minutes > 0),
-                         ("prompts_per_set", self.prompts_per_set is None or self.prompts_per_set >= 1)):
+                         ("prompts_per_set", self.prompts_per_set is None or self.prompts_per_set >= 1),
+                         ("self_prompts", self.self_prompts >= 0)):
             if not ok:
                 raise SelfspecError(f"{name}={getattr(self, name)!r} is out of range")
 
