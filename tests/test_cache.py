@@ -84,7 +84,8 @@ def test_drafting_strategies_equal_plain_and_hf_generate_past_the_window(model, 
     settings = replace(default_settings().sampling, max_new_tokens=40)
     plain = generate(model, prompt, settings).new_tokens
     assert plain == hf_greedy(model, prompt, 40)
-    strategy = make_strategy(name, model, settings, (), SkipSet((1,), (2,)), run_settings().draft)
+    draft = run_settings("draft.hybrid_policy=fixed").draft  # drafts whatever this machine's costs (a loaded CI box)
+    strategy = make_strategy(name, model, settings, (), SkipSet((1,), (2,)), draft)
     result = strategy.generate(prompt)
     assert result.new_tokens == plain
     assert sum(s.accepted for s in result.steps) > 0  # drafts were kept, and rejected ones rewound
