@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from selfspec.data.prompt_sets import encode_prompt
+from selfspec.errors import SelfspecError
 from selfspec.models.loading import LoadedModel
 from selfspec.models.tiny import tiny_model
 from selfspec.training.draft_data import TrainingSequence, generate_sequences, sequence_states, train_prompts
-from selfspec.errors import SelfspecError
 from selfspec.training.train_draft import batch_states, fit, losses, new_part, split, training_rows
 
 from helpers import main_in_process, run_py, run_settings

@@ -11,6 +11,8 @@ import torch
 from tqdm import tqdm
 
 from selfspec.data.formats import Prompt
+from selfspec.data.prompt_sets import as_token_ids
+from selfspec.decoding.drafters.base import cut_at_end
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import input_device
 from selfspec.models.loading import LoadedModel
@@ -54,8 +56,9 @@ def write_user_turns(loaded: LoadedModel, settings: TrainSettings) -> list[str]:
                                     max_new_tokens=QUERY_TOKENS, eos_token_id=list(loaded.end_ids),
                                     pad_token_id=pad)  # (rows, opening + new)
         for row in out[:, len(opening):].tolist():
-            ended = next((i for i, token in enumerate(row) if token in loaded.end_ids), None)
-            texts.append(loaded.tokenizer.decode(row[:ended]).strip() if ended is not None else "")
+            turn = cut_at_end(row, loaded.end_ids)
+            ended = bool(turn) and turn[-1] in loaded.end_ids
+            texts.append(loaded.tokenizer.decode(turn[:-1]).strip() if ended else "")
     return texts
 
 
@@ -64,4 +67,4 @@ def user_turn_opening(loaded: LoadedModel) -> list[int]:
     if not getattr(loaded.tokenizer, "chat_template", None):
         raise SelfspecError(f"train.self_prompts needs a chat model; {loaded.name}'s tokenizer has no chat template")
     text = loaded.tokenizer.apply_chat_template([{"role": "user", "content": MARK}], tokenize=False)
-    return loaded.tokenizer(text[:text.index(MARK)], add_special_tokens=False)["input_ids"]
+    return as_token_ids(loaded.tokenizer(text[:text.index(MARK)], add_special_tokens=False))
