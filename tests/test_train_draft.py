@@ -37,9 +37,10 @@ def model():
     return tiny_model("llama", num_layers=4, hidden_size=32).double()
 
 
-@pytest.mark.parametrize("kind,targets", [("feature", "all"), ("kangaroo", "all"), ("feature", "generated")])
-def test_training_lowers_the_validation_loss_and_keeps_the_best(model, tokenizer, tmp_path, kind, targets):
-    run = settings(kind, "train.epochs=3", f"train.targets={targets}")
+@pytest.mark.parametrize("kind,overrides", [("feature", []), ("kangaroo", []), ("feature", ["train.targets=generated"]),
+                                            ("feature", ["draft_head.chain_steps=3"])])
+def test_training_lowers_the_validation_loss_and_keeps_the_best(model, tokenizer, tmp_path, kind, overrides):
+    run = settings(kind, "train.epochs=3", *overrides)
     exit_layer = 2 if kind == "kangaroo" else None
     sequences, data = training_data(model, tokenizer, run, tmp_path / "data", exit_layer)
     assert len(sequences) == 8 and all(len(s) > 12 for s in sequences)  # 4 prompts x (greedy + 1 sampled)
@@ -57,6 +58,7 @@ def test_training_lowers_the_validation_loss_and_keeps_the_best(model, tokenizer
     assert saved["made_by"]["data"]["sets"] == ["chat"]
     assert all(0 <= h["val_generated_agreement"] <= 1 for h in history)
     assert saved["val_generated_agreement"] == min(history, key=lambda h: h["val_loss"])["val_generated_agreement"]
+    assert all(0 <= h["val_chain"] <= 4 for h in history) if kind == "feature" else "val_chain" not in saved
 
 
 @pytest.mark.parametrize("kind,first", [("feature", 3), ("kangaroo", 4)])
@@ -92,6 +94,18 @@ def test_targets_generated_scores_the_generated_positions_alone(model):
     only, only_agree, only_generated = losses(head, model, [sequence], weight, weights, generated_only=True)
     assert len(loss) == 9 and len(only) == 6 and bool(only_generated.all())
     assert torch.allclose(only, loss[generated]) and torch.equal(only_agree, agree[generated])
+
+
+def test_chain_steps_score_every_step_of_the_chains(model):
+    """Chains of 3 steps over 9 head positions score 9 + 8 + 7 positions (step s from position s - 1 on), the first
+    9 exactly as teacher forcing alone does."""
+    sequence = TrainingSequence(torch.arange(10), 5, torch.randn(10, 32, dtype=torch.float64))
+    head, weights = new_part(model, "feature", None), settings("feature").draft_head
+    weight = model.lm_head.weight.detach()
+    forced, _, _ = losses(head, model, [sequence], weight, weights)
+    chained, _, generated = losses(head, model, [sequence], weight, weights, steps=3)
+    assert len(forced) == 9 and len(chained) == 24 and generated.sum() == 6 + 6 + 6
+    assert torch.allclose(chained[:9], forced) and not torch.allclose(chained[9:17], forced[1:])
 
 
 def test_training_scores_the_rows_of_the_tokens_its_data_holds(model, tokenizer, tmp_path):
@@ -182,6 +196,9 @@ def test_run_py_trains_and_benchmarks_kangaroo(tmp_path):
     (["experiment=train_draft", "train.epochs=0"], "epochs=0 is out of range"),
     (["experiment=train_draft", "train.targets=prompt"], "targets='prompt' is unknown; allowed: generated, all"),
     (["experiment=train_draft", "train.self_prompts=-1"], "self_prompts=-1 is out of range"),
+    (["experiment=train_draft", "draft_head=kangaroo", "draft_head.chain_steps=2"],
+     "chain_steps=2: the Kangaroo adapter drafts on the model's own shallow layers, not on its own predictions; "
+     "allowed: 1"),
     (["task=fly"], "task='fly' is unknown; allowed: evaluate, train_draft"),
 ])
 def test_bad_training_values_end_with_one_clear_line(tmp_path, monkeypatch, capsys, overrides, message):

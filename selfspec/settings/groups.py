@@ -234,11 +234,16 @@ class DraftHeadSettings:
     feature_weight: float  # x smooth-L1 between predicted and true final hidden states
     soft_ce_weight: float  # x cross-entropy against the full model's next-token distribution
     feature_noise: float  # std of the Gaussian noise on the draft's input states while training
+    chain_steps: int  # the feature head also learns from chains of this many steps on its own predictions; 1 = none
 
     def __post_init__(self):
         one_of("kind", self.kind, DRAFT_HEAD_KINDS)
         for name in ("feature_weight", "soft_ce_weight", "feature_noise"):
             at_least(name, getattr(self, name), 0)
+        at_least("chain_steps", self.chain_steps, 1)
+        if self.kind == "kangaroo" and self.chain_steps != 1:
+            raise SelfspecError(f"chain_steps={self.chain_steps}: the Kangaroo adapter drafts on the model's own "
+                                f"shallow layers, not on its own predictions; allowed: 1")
 
 
 @dataclass(kw_only=True)

@@ -10,13 +10,15 @@ layer: the rows the draft scores (the draft vocabulary's where `draft.vocab_size
 the tokens the training sequences hold (`train.ce_vocab=data`: the output layer dominates a training step, and every
 greedy next token is among them); validation scores with all of them. `train.targets=generated` scores only the
 positions that predict the model's own continuation (what drafting sees); the prompt's positions stay as context.
-Inputs get Gaussian noise of std `feature_noise` (the head drafts on its own predictions after the first token).
+Inputs get Gaussian noise of std `feature_noise` (the head drafts on its own predictions after the first token);
+with `draft_head.chain_steps` above 1 the feature head also learns from the chains it drafts on its own predictions
+(chains.py, EAGLE-3's training-time test), every step's positions scored alike.
 AdamW on padded batches of sequences; a validation split by prompt (a prompt's sequences often open alike).
 
 After every epoch checkpoint.pt (part, optimizer, history) is written atomically and the best part so far by
 validation loss is saved (head.pt / adapter.pt), so a rerun into the same directory (or train.resume=<dir>) goes
 on; validation agreement with the full model's next token (at every position, and at the generated tokens alone:
-what drafting sees) is printed per epoch and logged to W&B with the losses, and the final part is logged as a W&B
+what drafting sees) and the tokens the head's greedy chains accept are printed per epoch and logged to W&B with the losses, and the final part is logged as a W&B
 artifact. Stops early after `train.max_minutes` (data included).
 """
 
@@ -43,10 +45,12 @@ from selfspec.models.trained_parts import model_signature, save_atomic
 from selfspec.records.wandb_logger import log_files, start_run
 from selfspec.settings import RunSettings
 from selfspec.timing import clock
+from selfspec.training.chains import chain_acceptance, chain_states
 from selfspec.training.draft_data import TrainingSequence, generate_sequences, sequence_states, train_prompts
 from selfspec.training.self_prompts import self_prompts
 
 FILES = {"feature": "head.pt", "kangaroo": "adapter.pt"}
+VALIDATED_STEPS = 4  # the depth of the greedy chains validation drafts (val_chain)
 
 
 def train(run: RunSettings, out_dir: Path) -> Path:
@@ -78,8 +82,8 @@ def train(run: RunSettings, out_dir: Path) -> Path:
     untrained = history[0]
     print(f"\n{kind} draft for {loaded.name}: epoch {best['epoch']}, val loss {best['val_loss']:.4f} (untrained "
           f"{untrained['val_loss']:.4f}), val agreement {best['val_agreement']:.3f} (untrained "
-          f"{untrained['val_agreement']:.3f}), on generated text {best.get('val_generated_agreement', nan):.3f}; "
-          f"{sum(len(s.tokens) for s in data)} tokens, "
+          f"{untrained['val_agreement']:.3f}), on generated text {best.get('val_generated_agreement', nan):.3f}"
+          f"{chains_accept(best)}; {sum(len(s.tokens) for s in data)} tokens, "
           f"{(clock() - started) / 60:.1f} min\nsaved: {path}")
     strategy = "'strategies=[plain,self_spec_head,self_spec_tree]' draft.head" if kind == "feature" else \
         "'strategies=[plain,kangaroo]' kangaroo.adapter_path"
@@ -137,10 +141,11 @@ def split(sequences: list[TrainingSequence], val_fraction: float, seed: int) -> 
     return [s for group in groups[n_val:] for s in group], [s for group in groups[:n_val] for s in group]
 
 
-def batch_states(part, model, batch: list[TrainingSequence], noise: float, generator=None) -> tuple:
-    """(predicted states, true states, mask, generated), (B, L, hidden) twice and (B, L) twice, over right-padded
-    sequences: the feature head predicts h_{t+1} from (h_t, x_{t+1}); the Kangaroo adapter h_t from the shallow
-    state. `generated`: where the state scores a token the model generated (not one of its prompt's)."""
+def batch_states(part, model, batch: list[TrainingSequence], noise: float, generator=None, steps: int = 1) -> tuple:
+    """(predicted states, true states, mask, generated) over right-padded sequences: a list of (B, L, hidden), one
+    per chain step (chains.py; the Kangaroo adapter: one), then (B, L, hidden) and (B, L) twice. The feature head
+    predicts h_{t+1} from (h_t, x_{t+1}); the Kangaroo adapter h_t from the shallow state. `generated`: where the
+    state scores a token the model generated (not one of its prompt's)."""
     feature = isinstance(part, FeatureHead)
     length = max(len(s.tokens) for s in batch) - (1 if feature else 0)
     hidden = batch[0].final.shape[-1]
@@ -159,27 +164,29 @@ def batch_states(part, model, batch: list[TrainingSequence], noise: float, gener
         generated[row, max(seq.prompt_length - scored, 0):n] = True
     if noise:
         inputs = inputs + noise * torch.randn(inputs.shape, generator=generator, dtype=inputs.dtype)
-    positions = torch.arange(length)[None].expand(len(batch), -1)  # (B, L)
     device = next(part.parameters()).device
-    inputs, positions, mask_d = inputs.to(device), positions.to(device), mask.to(device)
+    inputs, mask_d = inputs.to(device), mask.to(device)
     if feature:
         embeds = model.get_input_embeddings()(tokens[:, 1:length + 1].to(device))  # (B, L, hidden)
-        predicted = part(inputs, embeds, positions, attention_mask=mask_d)
+        predicted = chain_states(part, inputs, embeds, mask.sum(1).tolist(), steps)
     else:
-        predicted = part(inputs_embeds=inputs, position_ids=positions, attention_mask=mask_d,
-                         use_cache=False).last_hidden_state
+        positions = torch.arange(length, device=device)[None].expand(len(batch), -1)  # (B, L)
+        predicted = [part(inputs_embeds=inputs, position_ids=positions, attention_mask=mask_d,
+                          use_cache=False).last_hidden_state]
     return predicted, targets.to(device), mask_d, generated.to(device)
 
 
 def losses(part, model, batch, weight: torch.Tensor, weights, noise: float = 0.0, generator=None,
-           generated_only: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+           generated_only: bool = False, steps: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss (N,), agreement (N,) bool, generated (N,) bool) at one batch's N scored positions (all, or those that
-    score generated tokens alone): the weighted loss of the module docstring, with the output layer's rows `weight`
-    (n, hidden); agreement: the draft's argmax equals the full model's; generated: the position scores a token the
-    model generated."""
-    predicted, targets, mask, generated = batch_states(part, model, batch, noise, generator)
+    score generated tokens alone) of every chain step (a step s prediction exists from position s - 1 on): the
+    weighted loss of the module docstring, with the output layer's rows `weight` (n, hidden); agreement: the
+    draft's argmax equals the full model's; generated: the position scores a token the model generated."""
+    chain, targets, mask, generated = batch_states(part, model, batch, noise, generator, steps)
     keep = mask.bool() & generated if generated_only else mask.bool()
-    predicted, targets = predicted[keep], targets[keep]  # (N, hidden) each
+    keeps = [keep & (torch.arange(keep.shape[1], device=keep.device) >= step) for step in range(len(chain))]
+    predicted = torch.cat([states[kept] for states, kept in zip(chain, keeps)])  # (N, hidden)
+    targets, generated = (torch.cat([x[kept] for kept in keeps]) for x in (targets, generated))  # (N, hidden), (N,)
     student = torch.log_softmax(output_logits(weight, predicted, logits_finish(model)), dim=-1)  # (N, n)
     with torch.no_grad():
         teacher = torch.softmax(output_logits(weight, targets, logits_finish(model)), dim=-1)  # (N, n)
@@ -187,23 +194,28 @@ def losses(part, model, batch, weight: torch.Tensor, weights, noise: float = 0.0
     if weights.feature_weight:
         loss = loss + weights.feature_weight * F.smooth_l1_loss(predicted.float(), targets.float(),
                                                                 reduction="none").mean(-1)
-    return loss, student.argmax(-1) == teacher.argmax(-1), generated[keep]
+    return loss, student.argmax(-1) == teacher.argmax(-1), generated
 
 
 @torch.no_grad()
 def validate(part, model, val: list, weight: torch.Tensor, weights, batch_size: int, targets: str = "all") -> dict:
-    """The mean loss over the positions training scores (`targets`), and the argmax agreement over every position
+    """The mean loss over the positions training scores (`targets`), the argmax agreement over every position
     and over the generated tokens alone (what drafting sees: the prompts' positions hold text the model did not
-    write)."""
+    write), and for a feature head the tokens its greedy chains of VALIDATED_STEPS accept (chains.py)."""
     part.eval()
     loss, agreement, generated = [], [], []
     for i in range(0, len(val), batch_size):
         per_position, agree, made = losses(part, model, val[i:i + batch_size], weight, weights)
         loss.append(per_position), agreement.append(agree), generated.append(made)
     loss, agreement, generated = torch.cat(loss), torch.cat(agreement), torch.cat(generated)
-    return {"val_loss": (loss[generated] if targets == "generated" else loss).mean().item(),
-            "val_agreement": agreement.float().mean().item(),
-            "val_generated_agreement": agreement[generated].float().mean().item()}
+    row = {"val_loss": (loss[generated] if targets == "generated" else loss).mean().item(),
+           "val_agreement": agreement.float().mean().item(),
+           "val_generated_agreement": agreement[generated].float().mean().item()}
+    if isinstance(part, FeatureHead):
+        accepted = [chain_acceptance(part, model, val[i:i + batch_size], weight, VALIDATED_STEPS)
+                    for i in range(0, len(val), batch_size)]
+        row["val_chain"] = torch.cat(accepted).float().mean().item()
+    return row
 
 
 def fit(part, model, data: list, rows: tuple[torch.Tensor, torch.Tensor], run: RunSettings, work_dir: Path,
@@ -245,7 +257,7 @@ def fit(part, model, data: list, rows: tuple[torch.Tensor, torch.Tensor], run: R
         for i in range(0, len(order), settings.batch_size):
             batch = [train_set[j] for j in order[i:i + settings.batch_size]]
             loss, _, _ = losses(part, model, batch, train_weight, weights, weights.feature_noise, generator,
-                                settings.targets == "generated")
+                                settings.targets == "generated", weights.chain_steps)
             loss = loss.mean()
             optimizer.zero_grad()
             loss.backward()
@@ -270,7 +282,11 @@ def fit(part, model, data: list, rows: tuple[torch.Tensor, torch.Tensor], run: R
 
 def described(row: dict) -> str:
     return (f"val loss {row['val_loss']:.4f}, val agreement {row['val_agreement']:.3f} "
-            f"(on generated text {row['val_generated_agreement']:.3f})")
+            f"(on generated text {row['val_generated_agreement']:.3f}{chains_accept(row)})")
+
+
+def chains_accept(row: dict) -> str:
+    return f", its chains accept {row['val_chain']:.3f} tokens" if "val_chain" in row else ""
 
 
 def resume(path: Path, part, optimizer, model, kind: str, exit_layer: int | None, validation: str) -> list[dict]:
