@@ -18,8 +18,8 @@ AdamW on padded batches of sequences; a validation split by prompt (a prompt's s
 After every epoch checkpoint.pt (part, optimizer, history) is written atomically and the best part so far by
 validation loss is saved (head.pt / adapter.pt), so a rerun into the same directory (or train.resume=<dir>) goes
 on; validation agreement with the full model's next token (at every position, and at the generated tokens alone:
-what drafting sees) and the tokens the head's greedy chains accept are printed per epoch and logged to W&B with the losses, and the final part is logged as a W&B
-artifact. Stops early after `train.max_minutes` (data included).
+what drafting sees) and the tokens the head's greedy chains accept are printed per epoch and logged to W&B with the
+losses, and the final part is logged as a W&B artifact. Stops early after `train.max_minutes` (data included).
 """
 
 import random
