@@ -1,6 +1,6 @@
 """Draft chains in training (training/chains.py): every step of the parallel chains is what the head computes drafting
 live (HeadFeatures, decoding/drafters/feature_head.py), padding and sliding windows included, and chain_acceptance
-counts what greedy drafting would accept."""
+counts what greedy drafting would accept (training/objective.py)."""
 
 import pytest
 import torch
@@ -10,8 +10,9 @@ from selfspec.models.cache import RewindableCache
 from selfspec.models.feature_head import new_feature_head
 from selfspec.models.layouts import base_model
 from selfspec.models.tiny import tiny_model
-from selfspec.training.chains import chain_acceptance, chain_states
+from selfspec.training.chains import chain_states
 from selfspec.training.draft_data import TrainingSequence
+from selfspec.training.objective import batch_states, chain_acceptance
 
 STEPS = 4
 
@@ -74,7 +75,8 @@ def test_chain_acceptance_counts_what_greedy_drafting_accepts(model):
     sampled = torch.cat([greedy[:16], torch.randint(3, 259, (14,))])  # leaves the path after 10 greedy tokens
     weight = model.lm_head.weight.detach()[[10, 20, 30]]  # (3, hidden)
     batch = [TrainingSequence(tokens, len(prompt), final_states(model, tokens)) for tokens in (greedy, sampled)]
-    accepted = chain_acceptance(head, model, batch, weight, STEPS).tolist()
+    with torch.no_grad():
+        accepted = chain_acceptance(batch_states(head, model, batch, 0.0, steps=STEPS), model, weight).tolist()
 
     expected = []
     for seq in batch:

@@ -1,5 +1,6 @@
 """Experiment configs compose; tiny runs of every experiment write records that `make figures` turns into figures."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -7,12 +8,14 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from selfspec.errors import SelfspecError
 from selfspec.plots import figures as figs
 from selfspec.records import runs as runs_
 from selfspec.settings import make_skip_set
 
 from helpers import FIGURES
 import batch_throughput  # experiments/, on sys.path by conftest
+import head_data_scaling
 from random_skip_sets import random_skip_sets, skip_sets_yaml
 from sample_records import TEST_RUNS, slim
 
@@ -157,3 +160,24 @@ def test_batch_throughput_measures_every_batch_size_in_one_process(capsys):
     assert [row[0] for row in rows] == ["1", "2", "4", "8"]
     assert rows[0][1].endswith("(1.00 of batch 1)") and rows[0][3] == "-"
     assert all(len(row) == 4 for row in rows)  # batch size, plain, self_spec_hybrid, plain in fixed batches
+
+
+def test_head_data_scaling_trains_a_head_per_share_for_the_same_steps(capsys, tmp_path, monkeypatch):
+    """Shares of 8 training prompts (the same 2 held out for each): half of them passed over twice an epoch, so both
+    heads take the same optimiser steps; each head and the results land in the output folder."""
+    monkeypatch.setattr(head_data_scaling, "OUTPUTS", tmp_path / "out")
+    head_data_scaling.main(["model=tiny_llama", "model.dtype=float64", f"train.data_dir={tmp_path / 'data'}",
+                            "train.sets=[chat]", "train.prompts_per_set=10", "train.samples_per_prompt=1",
+                            "train.max_new_tokens=6", "train.generate_batch=5", "train.val_fraction=0.2",
+                            "train.epochs=1", "shares=0.5,1"])
+    out = capsys.readouterr().out
+    rows = [line.strip("| ").split(" | ") for line in out.splitlines() if line.startswith("| 0.5 ") or
+            line.startswith("| 1 ")]
+    assert [row[:2] for row in rows] == [["0.5", "4"], ["1", "8"]] and [row[3] for row in rows] == ["2", "1"]
+    assert "validation: 2 prompts" in out
+    (run_dir,) = (tmp_path / "out").iterdir()
+    assert (run_dir / "0.5" / "head.pt").is_file() and (run_dir / "1" / "head.pt").is_file()
+    assert [r["share"] for r in json.loads((run_dir / "results.json").read_text())] == [0.5, 1.0]
+    for bad in ("shares=0,1", "shares=half"):
+        with pytest.raises(SelfspecError, match=f"{bad}: shares are numbers in"):
+            head_data_scaling.main(["model=tiny_llama", bad])

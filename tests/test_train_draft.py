@@ -12,7 +12,8 @@ from selfspec.errors import SelfspecError
 from selfspec.models.loading import LoadedModel
 from selfspec.models.tiny import tiny_model
 from selfspec.training.draft_data import TrainingSequence, generate_sequences, sequence_states, train_prompts
-from selfspec.training.train_draft import batch_states, fit, losses, new_part, split, training_rows
+from selfspec.training.objective import batch_states, losses
+from selfspec.training.train_draft import fit, new_part, split, training_rows
 
 from helpers import main_in_process, run_py, run_settings
 
@@ -49,8 +50,8 @@ def test_training_lowers_the_validation_loss_and_keeps_the_best(model, tokenizer
     prompts = [encode_prompt(tokenizer, p) for p in train_prompts(run.train)]
     assert all(d.tokens[:d.prompt_length].tolist() in prompts and d.prompt_length < len(d.tokens) for d in data)
     rows = training_rows(torch.arange(model.config.vocab_size), model.lm_head.weight.detach(), data, "data")
-    history = fit(new_part(model, kind, exit_layer), model, data, (rows, model.lm_head.weight.detach()), run,
-                  tmp_path, exit_layer, 0.0)
+    history = fit(new_part(model, kind, exit_layer), model, split(data, run.train.val_fraction, run.train.seed),
+                  (rows, model.lm_head.weight.detach()), run, tmp_path, exit_layer, 0.0)
     assert [h["epoch"] for h in history] == [0, 1, 2, 3]
     assert history[-1]["val_loss"] < history[0]["val_loss"]
     saved = torch.load(tmp_path / ("head.pt" if kind == "feature" else "adapter.pt"), weights_only=True)
@@ -68,8 +69,8 @@ def test_the_generated_positions_are_those_that_score_generated_tokens(model, ki
     sequence = TrainingSequence(torch.arange(10), 5, torch.randn(10, 32, dtype=torch.float64),
                                 torch.randn(10, 32, dtype=torch.float64))
     exit_layer = 2 if kind == "kangaroo" else None
-    _, _, mask, generated = batch_states(new_part(model, kind, exit_layer), model, [sequence], 0.0)
-    assert generated[0].nonzero().flatten().tolist() == list(range(first, mask.shape[1]))
+    states = batch_states(new_part(model, kind, exit_layer), model, [sequence], 0.0)
+    assert states.generated[0].nonzero().flatten().tolist() == list(range(first, states.mask.shape[1]))
 
 
 def test_validation_holds_out_whole_prompts():
@@ -90,8 +91,9 @@ def test_targets_generated_scores_the_generated_positions_alone(model):
     sequence = TrainingSequence(torch.arange(10), 5, torch.randn(10, 32, dtype=torch.float64))
     head, weights = new_part(model, "feature", None), settings("feature").draft_head
     weight = model.lm_head.weight.detach()
-    loss, agree, generated = losses(head, model, [sequence], weight, weights)
-    only, only_agree, only_generated = losses(head, model, [sequence], weight, weights, generated_only=True)
+    states = batch_states(head, model, [sequence], 0.0)
+    loss, agree, generated = losses(states, model, weight, weights)
+    only, only_agree, only_generated = losses(states, model, weight, weights, generated_only=True)
     assert len(loss) == 9 and len(only) == 6 and bool(only_generated.all())
     assert torch.allclose(only, loss[generated]) and torch.equal(only_agree, agree[generated])
 
@@ -102,8 +104,8 @@ def test_chain_steps_score_every_step_of_the_chains(model):
     sequence = TrainingSequence(torch.arange(10), 5, torch.randn(10, 32, dtype=torch.float64))
     head, weights = new_part(model, "feature", None), settings("feature").draft_head
     weight = model.lm_head.weight.detach()
-    forced, _, _ = losses(head, model, [sequence], weight, weights)
-    chained, _, generated = losses(head, model, [sequence], weight, weights, steps=3)
+    forced, _, _ = losses(batch_states(head, model, [sequence], 0.0), model, weight, weights)
+    chained, _, generated = losses(batch_states(head, model, [sequence], 0.0, steps=3), model, weight, weights)
     assert len(forced) == 9 and len(chained) == 24 and generated.sum() == 6 + 6 + 6
     assert torch.allclose(chained[:9], forced) and not torch.allclose(chained[9:17], forced[1:])
 
@@ -124,7 +126,8 @@ def seeded_fit(model, data, run, folder):
     torch.manual_seed(0)  # as run.py's seed before the part is made
     folder.mkdir(exist_ok=True)
     weight = model.lm_head.weight.detach()
-    return fit(new_part(model, "feature", None), model, data, (weight, weight), run, folder, None, 0.0)
+    splits = split(data, run.train.val_fraction, run.train.seed)
+    return fit(new_part(model, "feature", None), model, splits, (weight, weight), run, folder, None, 0.0)
 
 
 def test_shards_are_reused_and_training_resumes_exactly_and_reproducibly(model, tokenizer, tmp_path):

@@ -9,6 +9,8 @@ cache layer hands attention only its window, models/cache.py) and end at `key_en
 block (padding up to the batch's widest block) see the prefix and themselves, so no softmax row is empty.
 """
 
+from collections.abc import Callable
+
 import torch
 from transformers.cache_utils import get_layer_types_and_kwargs
 
@@ -66,17 +68,23 @@ def block_positions(parents: list[list[int]], starts: list[int], device) -> torc
 
 def model_attention_masks(model, parents: list[list[int]], starts: list[int], key_end: int,
                           windowed_keys: bool) -> torch.Tensor | dict:
-    """The mask argument the model's forward takes: one 4D mask (Llama; Mistral's model-wide sliding window), or one
-    per layer type for models that mix them (Gemma-2, Gemma-3 pick `mask[config.layer_types[i]]` per layer).
+    """The mask argument the model's forward takes for blocks `parents` at `starts` (masks_by_layer_type).
     `windowed_keys`: the sliding layers hand attention their window only (one row, models/cache.py), else all keys."""
-    config = model.config.get_text_config()
     dtype, device = model.dtype, input_device(model)
-    full = block_mask(parents, starts, key_end, dtype, device)
+
+    def mask(window: int | None) -> torch.Tensor:
+        first = first_visible(starts[0], window) if window is not None and windowed_keys else 0
+        return block_mask(parents, starts, key_end, dtype, device, window, first)
+
+    return masks_by_layer_type(model.config.get_text_config(), mask)
+
+
+def masks_by_layer_type(config, mask: Callable[[int | None], torch.Tensor]) -> torch.Tensor | dict:
+    """The mask argument a forward of `config`'s layers takes, from `mask(window)` (window None: full attention):
+    one 4D mask (Llama; Mistral's model-wide sliding window), or one per layer type for models that mix them
+    (Gemma-2, Gemma-3 pick `mask[config.layer_types[i]]` per layer)."""
     if "sliding_attention" not in get_layer_types_and_kwargs(config)[0]:  # the layer types the cache is built from
-        return full
-    window = config.sliding_window
-    first = first_visible(starts[0], window) if windowed_keys else 0
-    sliding = block_mask(parents, starts, key_end, dtype, device, window, first)
+        return mask(None)
     if not getattr(config, "layer_types", None):  # one window for every layer: the forward takes one mask
-        return sliding
-    return {"full_attention": full, "sliding_attention": sliding}
+        return mask(config.sliding_window)
+    return {"full_attention": mask(None), "sliding_attention": mask(config.sliding_window)}

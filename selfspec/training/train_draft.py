@@ -4,7 +4,7 @@ draft_head=feature|kangaroo`): distil the full model into it on the model's own 
 - feature (models/feature_head.py): from (h_t, embedding of x_{t+1}) predict h_{t+1}, the next final hidden state.
 - kangaroo (models/kangaroo_adapter.py): from the state after `kangaroo.exit_layer` layers predict h_t.
 
-Loss per position: `feature_weight` x smooth-L1 between the predicted and the true state, plus `soft_ce_weight` x
+Loss per position (objective.py): `feature_weight` x smooth-L1 between the predicted and the true state, plus `soft_ce_weight` x
 the cross-entropy of the draft's distribution against the full model's, both through the model's frozen output
 layer: the rows the draft scores (the draft vocabulary's where `draft.vocab_size` is set), in training only those of
 the tokens the training sequences hold (`train.ce_vocab=data`: the output layer dominates a training step, and every
@@ -30,27 +30,24 @@ from math import nan
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from tqdm import tqdm
 
 from selfspec.data.prompt_sets import calibration_texts
 from selfspec.errors import SelfspecError
 from selfspec.models.draft_head import make_draft_head
-from selfspec.models.feature_head import FeatureHead, new_feature_head, save_feature_head
+from selfspec.models.feature_head import new_feature_head, save_feature_head
 from selfspec.models.kangaroo_adapter import check_exit_layer, new_adapter, save_adapter
 from selfspec.models.loading import load_model
-from selfspec.models.output_layer import logits_finish, output_logits
 from selfspec.models.layouts import num_layers
 from selfspec.models.trained_parts import model_signature, save_atomic
 from selfspec.records.wandb_logger import log_files, start_run
 from selfspec.settings import RunSettings
 from selfspec.timing import clock
-from selfspec.training.chains import chain_acceptance, chain_states
 from selfspec.training.draft_data import TrainingSequence, generate_sequences, sequence_states, train_prompts
+from selfspec.training.objective import batch_states, losses, validate
 from selfspec.training.self_prompts import self_prompts
 
 FILES = {"feature": "head.pt", "kangaroo": "adapter.pt"}
-VALIDATED_STEPS = 4  # the depth of the greedy chains validation drafts (val_chain)
 
 
 def train(run: RunSettings, out_dir: Path) -> Path:
@@ -71,7 +68,8 @@ def train(run: RunSettings, out_dir: Path) -> Path:
     part = new_part(model, kind, exit_layer)
     wandb_run = start_run(run.logger, out_dir, asdict(run), job_type="train_draft")
     try:
-        history = fit(part, model, data, (train_weight, weight), run, work_dir, exit_layer, started, wandb_run)
+        splits = split(data, settings.val_fraction, settings.seed)
+        history = fit(part, model, splits, (train_weight, weight), run, work_dir, exit_layer, started, wandb_run)
         best = min(history, key=lambda h: h["val_loss"])
         path = work_dir / FILES[kind]
         if wandb_run is not None:
@@ -127,13 +125,18 @@ def training_rows(token_ids: torch.Tensor, weight: torch.Tensor, data: list[Trai
     return weight[in_data.to(weight.device)]
 
 
+def by_prompt(sequences: list[TrainingSequence]) -> list[list[TrainingSequence]]:
+    """The sequences grouped by prompt, in order of first appearance."""
+    groups: dict[tuple, list] = {}
+    for seq in sequences:
+        groups.setdefault(tuple(seq.tokens[:seq.prompt_length].tolist()), []).append(seq)
+    return list(groups.values())
+
+
 def split(sequences: list[TrainingSequence], val_fraction: float, seed: int) -> tuple[list, list]:
     """(train, val) by prompt: a prompt's sequences all fall on one side, prompts shuffled with `seed`; about
     `val_fraction` of the prompts, at least one, validate."""
-    by_prompt: dict[tuple, list] = {}
-    for seq in sequences:
-        by_prompt.setdefault(tuple(seq.tokens[:seq.prompt_length].tolist()), []).append(seq)
-    groups = list(by_prompt.values())
+    groups = by_prompt(sequences)
     if len(groups) < 2:
         raise SelfspecError(f"training needs at least 2 different prompts (train and validation), got {len(groups)}")
     random.Random(seed).shuffle(groups)
@@ -141,91 +144,14 @@ def split(sequences: list[TrainingSequence], val_fraction: float, seed: int) -> 
     return [s for group in groups[n_val:] for s in group], [s for group in groups[:n_val] for s in group]
 
 
-def batch_states(part, model, batch: list[TrainingSequence], noise: float, generator=None, steps: int = 1) -> tuple:
-    """(predicted states, true states, mask, generated) over right-padded sequences: a list of (B, L, hidden), one
-    per chain step (chains.py; the Kangaroo adapter: one), then (B, L, hidden) and (B, L) twice. The feature head
-    predicts h_{t+1} from (h_t, x_{t+1}); the Kangaroo adapter h_t from the shallow state. `generated`: where the
-    state scores a token the model generated (not one of its prompt's)."""
-    feature = isinstance(part, FeatureHead)
-    length = max(len(s.tokens) for s in batch) - (1 if feature else 0)
-    hidden = batch[0].final.shape[-1]
-    inputs = torch.zeros(len(batch), length, hidden, dtype=model.dtype)  # (B, L, hidden)
-    targets = torch.zeros(len(batch), length, hidden, dtype=model.dtype)  # (B, L, hidden)
-    tokens = torch.zeros(len(batch), length + 1, dtype=torch.long)  # (B, L + 1)
-    mask = torch.zeros(len(batch), length, dtype=torch.long)  # (B, L)
-    generated = torch.zeros(len(batch), length, dtype=torch.bool)  # (B, L)
-    scored = 2 if feature else 1  # the state at position j scores token j + scored
-    for row, seq in enumerate(batch):
-        n = len(seq.tokens) - (1 if feature else 0)
-        inputs[row, :n] = seq.final[:n] if feature else seq.shallow
-        targets[row, :n] = seq.final[1:] if feature else seq.final
-        tokens[row, :len(seq.tokens)] = seq.tokens
-        mask[row, :n] = 1
-        generated[row, max(seq.prompt_length - scored, 0):n] = True
-    if noise:
-        inputs = inputs + noise * torch.randn(inputs.shape, generator=generator, dtype=inputs.dtype)
-    device = next(part.parameters()).device
-    inputs, mask_d = inputs.to(device), mask.to(device)
-    if feature:
-        embeds = model.get_input_embeddings()(tokens[:, 1:length + 1].to(device))  # (B, L, hidden)
-        predicted = chain_states(part, inputs, embeds, mask.sum(1).tolist(), steps)
-    else:
-        positions = torch.arange(length, device=device)[None].expand(len(batch), -1)  # (B, L)
-        predicted = [part(inputs_embeds=inputs, position_ids=positions, attention_mask=mask_d,
-                          use_cache=False).last_hidden_state]
-    return predicted, targets.to(device), mask_d, generated.to(device)
-
-
-def losses(part, model, batch, weight: torch.Tensor, weights, noise: float = 0.0, generator=None,
-           generated_only: bool = False, steps: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss (N,), agreement (N,) bool, generated (N,) bool) at one batch's N scored positions (all, or those that
-    score generated tokens alone) of every chain step (a step s prediction exists from position s - 1 on): the
-    weighted loss of the module docstring, with the output layer's rows `weight` (n, hidden); agreement: the
-    draft's argmax equals the full model's; generated: the position scores a token the model generated."""
-    chain, targets, mask, generated = batch_states(part, model, batch, noise, generator, steps)
-    keep = mask.bool() & generated if generated_only else mask.bool()
-    keeps = [keep & (torch.arange(keep.shape[1], device=keep.device) >= step) for step in range(len(chain))]
-    predicted = torch.cat([states[kept] for states, kept in zip(chain, keeps)])  # (N, hidden)
-    targets, generated = (torch.cat([x[kept] for kept in keeps]) for x in (targets, generated))  # (N, hidden), (N,)
-    student = torch.log_softmax(output_logits(weight, predicted, logits_finish(model)), dim=-1)  # (N, n)
-    with torch.no_grad():
-        teacher = torch.softmax(output_logits(weight, targets, logits_finish(model)), dim=-1)  # (N, n)
-    loss = weights.soft_ce_weight * -(teacher * student).sum(-1)  # (N,)
-    if weights.feature_weight:
-        loss = loss + weights.feature_weight * F.smooth_l1_loss(predicted.float(), targets.float(),
-                                                                reduction="none").mean(-1)
-    return loss, student.argmax(-1) == teacher.argmax(-1), generated
-
-
-@torch.no_grad()
-def validate(part, model, val: list, weight: torch.Tensor, weights, batch_size: int, targets: str = "all") -> dict:
-    """The mean loss over the positions training scores (`targets`), the argmax agreement over every position
-    and over the generated tokens alone (what drafting sees: the prompts' positions hold text the model did not
-    write), and for a feature head the tokens its greedy chains of VALIDATED_STEPS accept (chains.py)."""
-    part.eval()
-    loss, agreement, generated = [], [], []
-    for i in range(0, len(val), batch_size):
-        per_position, agree, made = losses(part, model, val[i:i + batch_size], weight, weights)
-        loss.append(per_position), agreement.append(agree), generated.append(made)
-    loss, agreement, generated = torch.cat(loss), torch.cat(agreement), torch.cat(generated)
-    row = {"val_loss": (loss[generated] if targets == "generated" else loss).mean().item(),
-           "val_agreement": agreement.float().mean().item(),
-           "val_generated_agreement": agreement[generated].float().mean().item()}
-    if isinstance(part, FeatureHead):
-        accepted = [chain_acceptance(part, model, val[i:i + batch_size], weight, VALIDATED_STEPS)
-                    for i in range(0, len(val), batch_size)]
-        row["val_chain"] = torch.cat(accepted).float().mean().item()
-    return row
-
-
-def fit(part, model, data: list, rows: tuple[torch.Tensor, torch.Tensor], run: RunSettings, work_dir: Path,
-        exit_layer: int | None, started: float, wandb_run=None) -> list[dict]:
-    """Train (or go on training) up to train.epochs epochs; returns the history, one dict per epoch (epoch 0: the
-    untrained part). `rows`: the output-layer rows the training loss scores with (train.ce_vocab) and those
-    validation scores with (all the draft scores)."""
+def fit(part, model, splits: tuple[list, list], rows: tuple[torch.Tensor, torch.Tensor], run: RunSettings,
+        work_dir: Path, exit_layer: int | None, started: float, wandb_run=None) -> list[dict]:
+    """Train (or go on training) up to train.epochs epochs on `splits`, (training, validation) sequences; returns
+    the history, one dict per epoch (epoch 0: the untrained part). `rows`: the output-layer rows the training loss
+    scores with (train.ce_vocab) and those validation scores with (all the draft scores)."""
     settings, weights, kind = run.train, run.draft_head, run.draft_head.kind
     train_weight, weight = rows
-    train_set, val = split(data, settings.val_fraction, settings.seed)
+    train_set, val = splits
     optimizer = torch.optim.AdamW(part.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     checkpoint_path, part_path = work_dir / "checkpoint.pt", work_dir / FILES[kind]
     validation = f"split by prompt, loss on {settings.targets} positions"  # comparable across a resume only if equal
@@ -256,8 +182,8 @@ def fit(part, model, data: list, rows: tuple[torch.Tensor, torch.Tensor], run: R
         total = 0.0
         for i in range(0, len(order), settings.batch_size):
             batch = [train_set[j] for j in order[i:i + settings.batch_size]]
-            loss, _, _ = losses(part, model, batch, train_weight, weights, weights.feature_noise, generator,
-                                settings.targets == "generated", weights.chain_steps)
+            states = batch_states(part, model, batch, weights.feature_noise, generator, weights.chain_steps)
+            loss, _, _ = losses(states, model, train_weight, weights, settings.targets == "generated")
             loss = loss.mean()
             optimizer.zero_grad()
             loss.backward()
