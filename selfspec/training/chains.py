@@ -57,9 +57,10 @@ def chain_states(head: FeatureHead, features: torch.Tensor, embeds: torch.Tensor
 
 
 def greedy(weight: torch.Tensor, hidden: torch.Tensor, finish: LogitsFinish, chunk: int = 512) -> torch.Tensor:
-    """(rows, L) argmax over the output rows `weight` (n, hidden) of states `hidden` (rows, L, hidden), a chunk of
-    positions at a time (all of a long batch's logits at once would take gigabytes)."""
-    flat = hidden.reshape(-1, hidden.shape[-1])  # (rows x L, hidden)
+    """(...) argmax over the output rows `weight` (n, hidden) of states `hidden` (..., hidden), a chunk of states at
+    a time (all of a long batch's logits at once would take gigabytes)."""
+    flat = hidden.reshape(-1, hidden.shape[-1])  # (N, hidden)
     best = [output_logits(weight, flat[i:i + chunk].to(weight.device), finish).argmax(-1)
             for i in range(0, len(flat), chunk)]
-    return torch.cat(best).to(hidden.device).reshape(hidden.shape[:-1])
+    best = torch.cat(best).to(hidden.device) if best else torch.zeros(0, dtype=torch.long, device=hidden.device)
+    return best.reshape(hidden.shape[:-1])

@@ -118,15 +118,19 @@ def chain_acceptance(states: BatchStates, model, weight: torch.Tensor) -> torch.
     one. A chain goes on while the head's argmax over the scoring rows `weight` (n, hidden) equals the full model's
     there and the sequence's next token is the model's greedy one (a sampled sequence leaves the path a greedy draft
     would take), and ends with its sequence. `states` must be unnoised: its inputs are the true features."""
-    finish = logits_finish(model)
-    teacher = greedy(weight, states.targets, finish)  # (B, L): the full model's token after x_{i+1}
+    finish, valid = logits_finish(model), states.mask.bool()
+    on_path = torch.zeros_like(valid)  # (B, L): x_{i+1} is the model's greedy token after x_i
     with loaded_weights(model.get_output_embeddings()) as output_layer:
-        next_greedy = greedy(output_layer.weight, states.inputs, finish).to(teacher.device)  # (B, L)
-    on_path = (next_greedy == states.tokens[:, 1:]) & states.mask.bool()  # (B, L): x_{i+1} is the greedy token
-    accepted = torch.zeros_like(on_path, dtype=torch.long)  # (B, L) by chain start
-    going = torch.ones_like(on_path)  # (B, L) by chain start
-    for step, predicted in enumerate(states.predicted):
-        right = (greedy(weight, predicted, finish) == teacher) & on_path  # (B, L) at position i
-        going &= torch.cat([right[:, step:], torch.zeros_like(right[:, :step])], dim=1)  # by start i - step
+        on_path[valid] = greedy(output_layer.weight, states.inputs[valid], finish).to(valid.device) == \
+            states.tokens[:, 1:][valid]
+    counted = states.generated & on_path  # (B, L): the chain starts counted
+    going, accepted = counted, torch.zeros_like(counted, dtype=torch.long)  # (B, L) each, by chain start
+    for step, predicted in enumerate(states.predicted):  # each step scores only the chains still going
+        rows, starts = going[:, :going.shape[1] - step].nonzero(as_tuple=True)
+        at = starts + step  # the position each chain's step-th token is drafted at
+        right = on_path[rows, at] & (greedy(weight, predicted[rows, at], finish) ==
+                                     greedy(weight, states.targets[rows, at], finish))  # the full model's token
+        going = torch.zeros_like(counted)
+        going[rows, starts] = right
         accepted += going.long()
-    return accepted[states.generated & on_path]
+    return accepted[counted]
