@@ -92,7 +92,7 @@ def validate(part, model, val: list, weight: torch.Tensor, weights, batch_size: 
     """The mean loss over the positions training scores (`targets`) of teacher forcing (chain step 1), the argmax
     agreement over every position and over the generated tokens alone (what drafting sees: the prompts' positions
     hold text the model did not write), and for a feature head the tokens its greedy chains of VALIDATED_STEPS
-    accept (chains.py), from the same forwards."""
+    accept (chain_acceptance), from the same forwards."""
     part.eval()
     feature = isinstance(part, FeatureHead)
     loss, agreement, generated, accepted = [], [], [], []
@@ -127,7 +127,7 @@ def chain_acceptance(states: BatchStates, model, weight: torch.Tensor) -> torch.
     going, accepted = counted, torch.zeros_like(counted, dtype=torch.long)  # (B, L) each, by chain start
     for step, predicted in enumerate(states.predicted):  # each step scores only the chains still going
         rows, starts = going[:, :going.shape[1] - step].nonzero(as_tuple=True)
-        at = starts + step  # the position each chain's step-th token is drafted at
+        at = starts + step  # (N,): where each chain's token of this step is scored
         right = on_path[rows, at] & (greedy(weight, predicted[rows, at], finish) ==
                                      greedy(weight, states.targets[rows, at], finish))  # the full model's token
         going = torch.zeros_like(counted)
