@@ -78,8 +78,8 @@ def main(argv: list[str]) -> None:
         (out_dir / "results.json").write_text(json.dumps(results, indent=1))
     print(f"\n{loaded.name}, chain_steps={run.draft_head.chain_steps}, {settings.epochs} epochs; validation: "
           f"{len(by_prompt(val))} prompts, {sum(len(s.tokens) for s in val)} tokens")
-    print("| share | prompts | tokens | passes an epoch | val_chain | agreement on generated text | val loss | best epoch "
-          "| minutes |")
+    print("| share | prompts | tokens | passes an epoch | val_chain | agreement on generated text | val loss "
+          "| best epoch | minutes |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         last = r["last"]

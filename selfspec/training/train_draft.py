@@ -4,12 +4,13 @@ draft_head=feature|kangaroo`): distil the full model into it on the model's own 
 - feature (models/feature_head.py): from (h_t, embedding of x_{t+1}) predict h_{t+1}, the next final hidden state.
 - kangaroo (models/kangaroo_adapter.py): from the state after `kangaroo.exit_layer` layers predict h_t.
 
-Loss per position (objective.py): `feature_weight` x smooth-L1 between the predicted and the true state, plus `soft_ce_weight` x
-the cross-entropy of the draft's distribution against the full model's, both through the model's frozen output
-layer: the rows the draft scores (the draft vocabulary's where `draft.vocab_size` is set), in training only those of
-the tokens the training sequences hold (`train.ce_vocab=data`: the output layer dominates a training step, and every
-greedy next token is among them); validation scores with all of them. `train.targets=generated` scores only the
-positions that predict the model's own continuation (what drafting sees); the prompt's positions stay as context.
+Loss per position (objective.py): `feature_weight` x smooth-L1 between the predicted and the true state, plus
+`soft_ce_weight` x the cross-entropy of the draft's distribution against the full model's, both through the model's
+frozen output layer: the rows the draft scores (the draft vocabulary's where `draft.vocab_size` is set), in training
+only those of the tokens the training sequences hold (`train.ce_vocab=data`: the output layer dominates a training
+step, and every greedy next token is among them); validation scores with all of them. `train.targets=generated`
+scores only the positions that predict the model's own continuation (what drafting sees); the prompt's positions
+stay as context.
 Inputs get Gaussian noise of std `feature_noise` (the head drafts on its own predictions after the first token);
 with `draft_head.chain_steps` above 1 the feature head also learns from the chains it drafts on its own predictions
 (chains.py, EAGLE-3's training-time test), every step's positions scored alike.
