@@ -25,8 +25,7 @@ from selfspec.errors import SelfspecError
 from selfspec.models.loading import load_model
 from selfspec.settings import from_config
 from selfspec.timing import clock
-from selfspec.training.draft_data import generate_sequences, sequence_states, train_prompts
-from selfspec.training.self_prompts import self_prompts
+from selfspec.training.draft_data import training_data
 from selfspec.training.train_draft import by_prompt, fit, new_part, output_rows, split, training_rows
 
 SHARES = (0.125, 0.25, 0.5, 1.0)
@@ -55,9 +54,7 @@ def main(argv: list[str]) -> None:
     loaded = load_model(run.model)
     model = loaded.model.requires_grad_(False)
     data_dir = Path(settings.data_dir).expanduser() if settings.data_dir else ROOT / "outputs/draft_data" / loaded.name
-    prompts = train_prompts(settings) + self_prompts(loaded, settings, data_dir)
-    sequences, prompt_lengths = generate_sequences(loaded, prompts, settings, data_dir)
-    data = sequence_states(model, sequences, prompt_lengths, None, data_dir, settings.generate_batch)
+    data = training_data(loaded, settings, data_dir, None)
     token_ids, weight = output_rows(model, loaded.tokenizer, run.draft.vocab_size)
     train_set, val = split(data, settings.val_fraction, settings.seed)
     groups = by_prompt(train_set)

@@ -25,6 +25,7 @@ from selfspec.models.loading import LoadedModel
 from selfspec.models.trained_parts import save_atomic
 from selfspec.settings import TrainSettings
 from selfspec.timing import clock
+from selfspec.training.self_prompts import self_prompts
 
 
 @dataclass
@@ -33,6 +34,16 @@ class TrainingSequence:
     prompt_length: int  # tokens[prompt_length:] the model generated
     final: torch.Tensor  # (L, hidden): the model's final normed hidden states
     shallow: torch.Tensor | None = None  # (L, hidden): its states after kangaroo.exit_layer layers (Kangaroo only)
+
+
+def training_data(loaded: LoadedModel, settings: TrainSettings, data_dir: Path,
+                  exit_layer: int | None) -> list[TrainingSequence]:
+    """Every training sequence with its states: the model's generations for the training prompts (train_prompts and
+    `train.self_prompts` requests) and their states (after `exit_layer` layers too, if set), each part read back
+    from `data_dir` where an earlier run made it with the same settings."""
+    prompts = train_prompts(settings) + self_prompts(loaded, settings, data_dir)
+    sequences, prompt_lengths = generate_sequences(loaded, prompts, settings, data_dir)
+    return sequence_states(loaded.model, sequences, prompt_lengths, exit_layer, data_dir, settings.generate_batch)
 
 
 def train_prompts(settings: TrainSettings) -> list[Prompt]:

@@ -44,9 +44,8 @@ from selfspec.models.trained_parts import model_signature, save_atomic
 from selfspec.records.wandb_logger import log_files, start_run
 from selfspec.settings import RunSettings
 from selfspec.timing import clock
-from selfspec.training.draft_data import TrainingSequence, generate_sequences, sequence_states, train_prompts
+from selfspec.training.draft_data import TrainingSequence, training_data
 from selfspec.training.objective import batch_states, losses, validate
-from selfspec.training.self_prompts import self_prompts
 
 FILES = {"feature": "head.pt", "kangaroo": "adapter.pt"}
 
@@ -61,9 +60,7 @@ def train(run: RunSettings, out_dir: Path) -> Path:
     model = loaded.model.requires_grad_(False)  # frozen: gradients flow into the draft only
     exit_layer = check_exit_layer(run.kangaroo.exit_layer, num_layers(model)) if kind == "kangaroo" else None
     data_dir = Path(settings.data_dir).expanduser() if settings.data_dir else work_dir / "draft_data"
-    prompts = train_prompts(settings) + self_prompts(loaded, settings, data_dir)
-    sequences, prompt_lengths = generate_sequences(loaded, prompts, settings, data_dir)
-    data = sequence_states(model, sequences, prompt_lengths, exit_layer, data_dir, settings.generate_batch)
+    data = training_data(loaded, settings, data_dir, exit_layer)
     token_ids, weight = output_rows(model, loaded.tokenizer, run.draft.vocab_size)
     train_weight = training_rows(token_ids, weight, data, settings.ce_vocab)
     part = new_part(model, kind, exit_layer)
