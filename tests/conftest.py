@@ -6,6 +6,7 @@ import huggingface_hub
 import pytest
 import torch
 
+from selfspec.models.grouped_attention import use_grouped_attention
 from selfspec.models.tiny import byte_tokenizer, tiny_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,8 +44,11 @@ def tokenizer():
 
 @pytest.fixture(scope="session", params=["llama", "gemma2"])
 def tiny(request):
-    """A 6-layer tiny model in float64 (no rounding near-ties); gemma2 has a 16-token sliding window."""
-    return tiny_model(request.param, num_layers=6).double()
+    """A 6-layer tiny model in float64 (no rounding near-ties); gemma2 has a 16-token sliding window. Its attention is
+    load_model's: the Llama's grouped heads are read in the kernel (models/grouped_attention.py)."""
+    model = tiny_model(request.param, num_layers=6).double()
+    use_grouped_attention(model)
+    return model
 
 
 @pytest.fixture

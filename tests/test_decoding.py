@@ -9,7 +9,7 @@ import torch
 from helpers import assert_cache_holds, chi_square_pvalue, exact_pair_distribution, hf_greedy, run_settings
 
 from selfspec.data.prompt_sets import calibration_texts
-from selfspec.decoding.costs import CostMeter, DraftCosts
+from selfspec.decoding.costs import CostMeter, DraftCosts, timed_ms_each
 from selfspec.decoding.draft_exit import AdaptiveExit, CostAwareExit, DraftExit, ThresholdExit
 from selfspec.decoding.drafters import (GenerationContext, HybridDrafter, ModelDrafter, NgramDrafter, SelfDrafter,
                                         ngram_continuation)
@@ -164,6 +164,14 @@ def test_a_cost_aware_drafter_that_does_not_pay_drafts_only_on_probes(tiny, prom
     dear_draft = CostAwareExit(4, costs=DraftCosts((10.0, 12.0, 14.0, 16.0, 18.0), draft_ms=100.0))
     result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip, dear_draft))
     assert result.new_tokens == plain.new_tokens and not any(step.drafted for step in result.steps)
+
+
+def test_costs_are_timed_round_after_round_so_a_slow_spell_falls_on_every_q(monkeypatch):
+    calls, now = [], iter(range(100))
+    monkeypatch.setattr("selfspec.decoding.costs.clock", lambda device: next(now))  # each reading 1 s after the last
+    steps = [lambda q=q: calls.append(q) for q in (1, 2, 3)]
+    assert timed_ms_each(steps, repeats=2) == [1000.0] * 3
+    assert calls == [1, 2, 3] * 3  # one untimed round, then two timed ones, every step in each
 
 
 def test_cost_aware_strategies_share_one_measurement_and_equal_plain(tiny, prompt):

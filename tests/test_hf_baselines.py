@@ -14,7 +14,8 @@ from selfspec.decoding.strategies import Strategy, make_strategy
 from selfspec.errors import SelfspecError
 from selfspec.evaluation.evaluate import measure_peak_memory
 from selfspec.models.loading import load_model
-from selfspec.models.packed_linear import PackedLinear, pack_linears
+from selfspec.models.grouped_attention import GROUPED_SDPA, use_grouped_attention
+from selfspec.models.packed_linear import PackedLinear, pack_linears, pack_output_layer
 from selfspec.models.layouts import decoder_layers
 from selfspec.models.tiny import tiny_model
 from selfspec.settings import default_settings, make_skip_set
@@ -120,13 +121,19 @@ def counting_calls(modules) -> list[int]:
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
 def test_stock_generate_runs_dense_linears_sharing_the_rest_and_equals_hf_generate(family, tokenizer, prompt):
     model = tiny_model(family, num_layers=6)  # float32: packing applies (gemma2: its 16-token window is crossed)
+    use_grouped_attention(model)
     packed = [m for m in model.modules() if isinstance(m, PackedLinear)] if pack_linears(model) else []
+    assert pack_output_layer(model)
     hf, stock = (make_strategy(name, model, GREEDY, (), make_skip_set([], [], 6), DEFAULTS.draft)
                  for name in ("hf_generate", "hf_generate_stock"))
     assert hf.model is model and stock.model is not model and len(packed) == 6 * 7
     dense = [m for layer in decoder_layers(stock.model) for m in layer.modules() if type(m) is nn.Linear]
     assert len(dense) == len(packed) and not any(isinstance(m, PackedLinear) for m in stock.model.modules())
     assert sum(isinstance(m, PackedLinear) for m in model.modules()) == len(packed)  # the model stays packed
+    assert stock.model.get_output_embeddings().packed_weight is None  # stock: the dense output layer, sdpa attention
+    assert model.get_output_embeddings().packed_weight is not None
+    attention = {"llama": ("sdpa", GROUPED_SDPA), "gemma2": ("eager", "eager")}[family]
+    assert (stock.model.config._attn_implementation, model.config._attn_implementation) == attention
     # memory: the dense weights are the copy's only new tensors; embeddings, norms, biases and buffers are shared
     shared = {id(t) for t in (*model.parameters(), *model.buffers())}
     new = [t for t in (*stock.model.parameters(), *stock.model.buffers()) if id(t) not in shared]

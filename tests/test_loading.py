@@ -12,13 +12,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from selfspec.errors import SelfspecError
 from selfspec.models import checkpoints
+from selfspec.models.grouped_attention import GROUPED_SDPA
 from selfspec.models.loading import load_model
 from selfspec.models.tiny import byte_tokenizer, tiny_model
 
 from helpers import cfg
 
 
-@pytest.mark.parametrize("family, dtype, attn", [("llama", "float32", "sdpa"), ("gemma2", "bfloat16", "eager")])
+@pytest.mark.parametrize("family, dtype, attn", [("llama", "float32", GROUPED_SDPA), ("gemma2", "bfloat16", "eager")])
 def test_tiny_model_has_requested_shape_dtype_and_attention(family, dtype, attn):
     lm = load_model(cfg(family=family, num_layers=5, dtype=dtype))
     assert lm.name == "m" and not lm.model.training

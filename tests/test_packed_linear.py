@@ -10,6 +10,7 @@ from torch import nn
 from selfspec.decoding.strategies import make_strategy
 from selfspec.models.kangaroo_adapter import new_adapter
 from selfspec.models.loading import load_model
+from selfspec.models.output_layer import model_logits
 from selfspec.models.packed_linear import PackedLinear, pack_linears
 from selfspec.models.layouts import decoder_layers
 from selfspec.models.tiny import tiny_model
@@ -66,6 +67,8 @@ def test_load_packs_every_decoder_linear_of_a_float32_cpu_model_and_keeps_its_lo
     assert linears(packed) and all(type(m) is PackedLinear for m in linears(packed))
     assert all(type(m) is nn.Linear for m in linears(dense))
     assert type(packed.get_output_embeddings()) is nn.Linear  # the output layer stays (often tied to the embedding)
+    assert packed.get_output_embeddings().packed_weight is not None  # beside a packed copy of its weight
+    assert not hasattr(dense.get_output_embeddings(), "packed_weight")
     ids = torch.tensor([list(range(3, 40))])
     with torch.inference_mode():
         torch.testing.assert_close(packed(ids).logits, dense(ids).logits, rtol=1e-4, atol=1e-5)
@@ -93,3 +96,17 @@ def test_greedy_decoding_over_packed_linears_equals_hf_generate_on_the_same_mode
     sampling = replace(default_settings().sampling, max_new_tokens=40)
     strategy = make_strategy(name, model, sampling, (), SkipSet(attn=(1, 3), mlp=(2,)), draft)
     assert strategy.generate(prompt).new_tokens == hf_greedy(model, prompt, 40)
+
+
+def test_the_packed_output_layer_scores_each_row_alike_whatever_the_rows_and_trains_through_the_dense_one():
+    packed, dense = load_model(cfg()).model, load_model(cfg(packed_linears=False)).model
+    torch.manual_seed(0)
+    hidden = torch.randn(16, packed.config.hidden_size)
+    with torch.inference_mode():
+        logits = model_logits(packed, hidden)  # (16, vocab)
+        torch.testing.assert_close(logits, model_logits(dense, hidden), rtol=1e-4, atol=1e-4)
+        for rows in (1, 2, 5, 9):  # a row's logits do not depend on how many rows are scored with it
+            assert torch.equal(model_logits(packed, hidden[:rows]), logits[:rows])
+    trained = hidden[:3].clone().requires_grad_()  # a draft head's training backpropagates through the output layer
+    model_logits(packed, trained).sum().backward()
+    assert trained.grad is not None and trained.grad.abs().sum() > 0

@@ -176,13 +176,22 @@ def expected_speedup(mean_accepted_tokens: float, drafted_per_step: float, skipp
 
 def timed_ms(step, device: torch.device | str = "cpu", repeats: int = REPEATS) -> float:
     """Median milliseconds of `step()` (running on `device`) after one untimed call."""
-    step()
-    times = []
-    for _ in range(repeats):
-        start = clock(device)
+    return timed_ms_each([step], device, repeats)[0]
+
+
+def timed_ms_each(steps: list, device: torch.device | str = "cpu", repeats: int = REPEATS) -> list[float]:
+    """Median milliseconds of each of `steps`, timed in turn, round after round, after one untimed round: a slow
+    spell on a shared machine falls on every step alike, not on whichever one was being timed (c(q) measured one q
+    after another here once read 47 / 64 / 50 / 47 ms for q = 1..4)."""
+    for step in steps:
         step()
-        times.append(clock(device) - start)
-    return 1000 * statistics.median(times)
+    times: list[list[float]] = [[] for _ in steps]
+    for _ in range(repeats):
+        for step, taken in zip(steps, times):
+            start = clock(device)
+            step()
+            taken.append(clock(device) - start)
+    return [1000 * statistics.median(taken) for taken in times]
 
 
 CONTEXT_IDS = [5 + i % 100 for i in range(CONTEXT)]  # the context every cost is measured after
@@ -205,16 +214,16 @@ def _batch_context_cache(model, rows: int, max_q: int) -> BatchCache:
 def measure_verify_ms(model, max_q: int, repeats: int = REPEATS, cache=None) -> list[float]:
     """c(1..max_q): median milliseconds of a q-token forward of the full model after a CONTEXT-token context."""
     cache = cache or _context_cache(model, max_q)
-    return [timed_ms(lambda: forward(model, cache, [5] * q, CONTEXT), output_device(model), repeats)
-            for q in range(1, max_q + 1)]
+    return timed_ms_each([lambda q=q: forward(model, cache, [5] * q, CONTEXT) for q in range(1, max_q + 1)],
+                         output_device(model), repeats)
 
 
 def measure_batch_verify_ms(model, max_q: int, rows: int, repeats: int = REPEATS) -> list[float]:
     """c_B(1..max_q) / B: median milliseconds of one forward of q tokens in each of `rows` rows (B), each after a
     CONTEXT-token context, divided by B: a row's share of a batch's verify."""
     cache = _batch_context_cache(model, rows, max_q)
-    return [timed_ms(lambda: forward_batch(model, cache, [[5] * q] * rows, [CONTEXT] * rows), output_device(model),
-                     repeats) / rows for q in range(1, max_q + 1)]
+    steps = [lambda q=q: forward_batch(model, cache, [[5] * q] * rows, [CONTEXT] * rows) for q in range(1, max_q + 1)]
+    return [ms / rows for ms in timed_ms_each(steps, output_device(model), repeats)]
 
 
 def widening_prices(shares: list[float], rows: int) -> list[float]:

@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from selfspec.errors import SelfspecError
 from selfspec.models.checkpoints import checkpoint_folder
 from selfspec.models.layouts import decoder_layers
-from selfspec.models.packed_linear import pack_linears
+from selfspec.models.grouped_attention import use_grouped_attention
+from selfspec.models.packed_linear import pack_linears, pack_output_layer
 from selfspec.models.tiny import byte_tokenizer, tiny_model
 from selfspec.settings import DEVICE_MAP_PLANS, ModelSettings
 
@@ -30,10 +31,11 @@ class LoadedModel:
 
 
 def load_model(settings: ModelSettings) -> LoadedModel:
-    """Build the model `settings` describe. Attention is transformers' default (Gemma-2 gets eager: no sdpa there).
-    With `settings.device_map`, accelerate places it (hooks move activations between devices); else it all goes to
-    `settings.device`. With `settings.packed_linears`, a float32 model on the CPU gets its decoder linears packed for
-    oneDNN (models/packed_linear.py)."""
+    """Build the model `settings` describe. Attention is transformers' default (Gemma-2 gets eager: no sdpa there),
+    sdpa with grouped heads read in the kernel (models/grouped_attention.py). With `settings.device_map`, accelerate
+    places it (hooks move activations between devices); else it all goes to `settings.device`. With
+    `settings.packed_linears`, a float32 model on the CPU gets its decoder linears and output layer packed for oneDNN
+    (models/packed_linear.py)."""
     dtype, device_map = DTYPES[settings.dtype], settings.device_map
     device = _device(("cuda" if torch.cuda.is_available() else "cpu") if settings.device == "auto" else settings.device)
     _check_map_devices(device_map)
@@ -53,8 +55,10 @@ def load_model(settings: ModelSettings) -> LoadedModel:
         model = model.to(device)
         if settings.device == "auto" and device.type == "cpu":
             _note_cpu(settings.name, model)
+    use_grouped_attention(model)
     if settings.packed_linears:
         pack_linears(model)
+        pack_output_layer(model)
     return LoadedModel(name=settings.name, model=model.eval(), tokenizer=tokenizer,
                        end_ids=model_end_ids(model, tokenizer))
 

@@ -1,4 +1,5 @@
-"""The decoder's linear layers through oneDNN, each weight packed once at load (`model.packed_linears`).
+"""The decoder's linear layers and the output layer through oneDNN, each weight packed once at load
+(`model.packed_linears`).
 
 On this CPU `nn.Linear` (MKL sgemm, fp32) is slow for the few rows of a decoding step and grows with each row: the
 linears of SmolLM2's 30 layers took 19 ms for 1 row, 28 ms for 2 and 36 ms for 4. oneDNN with the weight packed
@@ -10,6 +11,13 @@ prepacking emits for low-precision weights, on Arm and when compiling ahead of t
 was no faster than `nn.Linear` here (18 / 25 / 38 ms). Each output row is computed the same whatever the number of
 rows (measured here), as for the one-row-as-two output layer (output_layer.py).
 
+The output layer's weight is packed beside the dense one (`pack_output_layer`; it is often the input embedding,
+which must stay dense): SmolLM2's (49152, 576) took 5.3 / 5.1 / 6.0 / 14.1 / 18.4 ms for 1 / 2 / 4 / 8 / 16 rows as
+`W @ hidden.T` (output_layer.py) and 5.4 / 5.6 / 4.9 / 6.4 / 7.3 ms packed; Gemma-3-270M's (262144, 640) 31 / 31 /
+39 / 83 / 112 ms and 34 / 38 / 28 / 35 / 44 ms. A verification of a tree, or a batch's forward, scores that many
+rows: packed, one or two rows cost up to a quarter more, 8 or more a half to a third as much. The price is a second
+copy of the weight: SmolLM2 113 MiB, Gemma-3-270M 640 MiB in float32.
+
 Packed only where it pays: a float32 model wholly on the CPU (bfloat16 took a slow path for 2 rows, 20x) with
 oneDNN available; inference only (the op has no backward). `unpacked_copy` gives back the stock model, for the
 baseline a user without selfspec has (strategy hf_generate_stock).
@@ -20,6 +28,7 @@ import copy
 import torch
 from torch import nn
 
+from selfspec.models.grouped_attention import GROUPED_SDPA, use_sdpa_attention
 from selfspec.models.layouts import decoder_layers
 
 ROWS_HINT = 4  # the row count oneDNN blocks the weight for: 2, 4 and 8 measured alike here, 1 slowed every q > 1
@@ -40,7 +49,7 @@ class PackedLinear(nn.Module):
         if x.requires_grad and torch.is_grad_enabled():
             raise RuntimeError("packed linears have no backward: run the model under torch.inference_mode() or "
                                "torch.no_grad(), or load it with model.packed_linears=false to train through it")
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        return packed_product(x, self.packed, self.bias)
 
     def to_linear(self) -> nn.Linear:
         """The `nn.Linear` this layer replaced: the weight unpacked into a new dense tensor, the bias shared."""
@@ -57,6 +66,11 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
+def packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """(..., in) x a packed (out, in) weight -> (..., out): x W^T + b."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
 def can_pack(model) -> bool:
     """Whether packing applies: oneDNN here, every weight float32 on the CPU, no accelerate device map."""
     return (torch.backends.mkldnn.is_available() and getattr(model, "hf_device_map", None) is None
@@ -70,6 +84,16 @@ def pack_linears(model) -> int:
     if not can_pack(model):
         return 0
     return sum(_pack(layer) for layer in decoder_layers(model))
+
+
+def pack_output_layer(model) -> bool:
+    """Give the output layer a packed copy of its weight (`packed_weight`, read by output_layer.model_logits), if
+    `can_pack`; the dense weight stays. Returns whether it did."""
+    if not can_pack(model):
+        return False
+    head = model.get_output_embeddings()
+    head.packed_weight = torch.ops.mkldnn._reorder_linear_weight(head.weight.detach(), ROWS_HINT)  # (vocab, hidden)
+    return True
 
 
 def pack_module(module, model) -> int:
@@ -89,12 +113,18 @@ def _pack(module) -> int:
 
 
 def unpacked_copy(model):
-    """A second model object with `nn.Linear` where `model` has a PackedLinear, sharing every other parameter and
-    buffer with `model`, which stays packed; `model` itself when nothing in it is packed. Its memory is one dense copy
-    of the packed weights: SmolLM2-135M ~405 MiB, Gemma-3-270M ~383 MiB in float32."""
+    """The stock model a user would otherwise have: a second model object with `nn.Linear` where `model` has a
+    PackedLinear, no packed output layer and transformers' own attention (models/grouped_attention.py), sharing every
+    other parameter and buffer with `model`, which stays as it is; `model` itself where it is stock already. Its
+    memory is one dense copy of the packed weights: SmolLM2-135M ~405 MiB, Gemma-3-270M ~383 MiB in float32."""
     packed = [module for module in model.modules() if isinstance(module, PackedLinear)]
-    if not packed:
+    if not packed and model.config._attn_implementation != GROUPED_SDPA:
         return model
     memo = {id(tensor): tensor for tensor in (*model.parameters(), *model.buffers())}  # shared, never copied
     memo |= {id(module): module.to_linear() for module in packed}  # deepcopy puts each where its packed layer was
-    return copy.deepcopy(model, memo)
+    head = model.get_output_embeddings()
+    if hasattr(head, "packed_weight"):
+        memo[id(head.packed_weight)] = None  # the copy's output layer computes with its dense weight
+    stock = copy.deepcopy(model, memo)
+    use_sdpa_attention(stock)
+    return stock

@@ -62,7 +62,7 @@ class ModelSettings:
     # Spread the model over devices with accelerate (checkpoints larger than one device); null = all on `device`.
     device_map: Any = None  # auto | balanced | balanced_low_0 | sequential | a device | {module: device or disk}
     offload_folder: Optional[str] = None  # where a device map's "disk" modules are kept
-    packed_linears: bool  # decoder linears through oneDNN, weights packed once (float32 on the CPU only)
+    packed_linears: bool  # decoder linears and output layer through oneDNN, weights packed once (float32 CPU only)
     family: Optional[str] = None  # tiny models: one of TINY_FAMILIES, and their shape
     num_layers: Optional[int] = None
     hidden_size: Optional[int] = None
