@@ -41,7 +41,7 @@ class PackedLinear(nn.Module):
     def __init__(self, linear: nn.Linear):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), ROWS_HINT)  # (out, in)
+        self.packed = packed_weight(linear.weight)  # (out, in)
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -64,6 +64,11 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+
+def packed_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A dense (out, in) weight packed once into oneDNN's blocked layout, for `packed_product`."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ROWS_HINT)
 
 
 def packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -92,7 +97,7 @@ def pack_output_layer(model) -> bool:
     if not can_pack(model):
         return False
     head = model.get_output_embeddings()
-    head.packed_weight = torch.ops.mkldnn._reorder_linear_weight(head.weight.detach(), ROWS_HINT)  # (vocab, hidden)
+    head.packed_weight = packed_weight(head.weight)  # (vocab, hidden)
     return True
 
 
