@@ -29,7 +29,7 @@ def evaluate(strategies: list[Strategy], prompts: list[Prompt], prompt_ids: list
              out_dir: Path, seed: int = 0, repeats: int = 1, warmup: bool = True, logger=None,
              all_turns: bool = False, earlier: list[PromptRecord] | None = None, batch_size: int = 1) -> dict:
     """Run every strategy on every prompt (strategies interleaved per batch of prompts and turn, `repeats` timed runs
-    each, median time kept), append records to out_dir/records.jsonl as they finish, return the summary.
+    each taken in turns, median time kept), append records to out_dir/records.jsonl as they finish, return the summary.
 
     prompt_ids: each prompt's first turn, encoded. all_turns: also decode every later turn, each strategy after its
     own earlier answers (data.turns=all); a batch decodes turn by turn. earlier: the records already in
@@ -49,38 +49,58 @@ def evaluate(strategies: list[Strategy], prompts: list[Prompt], prompt_ids: list
         answers = {(index, strategy.name): [] for index in group for strategy in strategies}  # earlier turns' outputs
         for turn in range(max(len(prompts[i].turns) for i in group) if all_turns else 1):
             rows = [i for i in group if turn < len(prompts[i].turns)]
+            todo = {strategy.name: [i for i in rows if (prompts[i].question_id, turn, strategy.name) not in done]
+                    for strategy in strategies}
+            turn_ids = {strategy.name: [prompt_ids[i] if turn == 0 else
+                                        encode_turn(tokenizer, prompts[i], turn, answers[i, strategy.name])
+                                        for i in todo[strategy.name]] for strategy in strategies}
+            runs = _timed_runs([s for s in strategies if todo[s.name]], turn_ids,
+                               {name: [seed + i for i in todo[name]] for name in todo}, repeats, batch_size)
             plain = {}
             for strategy in strategies:
-                todo = [i for i in rows if (prompts[i].question_id, turn, strategy.name) not in done]
-                turn_ids = [prompt_ids[i] if turn == 0 else
-                            encode_turn(tokenizer, prompts[i], turn, answers[i, strategy.name]) for i in todo]
-                decoded = _decode(strategy, [prompts[i] for i in todo], turn, turn_ids, [plain.get(i) for i in todo],
-                                  tokenizer, [seed + i for i in todo], repeats, batch_size) if todo else []
-                for index, record in zip(todo, decoded):
+                indices = todo[strategy.name]
+                decoded = _records(strategy, [prompts[i] for i in indices], turn, turn_ids[strategy.name],
+                                   [plain.get(i) for i in indices], tokenizer, runs[strategy.name],
+                                   batch_size) if indices else []
+                for index, record in zip(indices, decoded):
                     append_record(records_path, record)
                     if logger is not None:
                         logger.log_prompt(index, record)
+                fresh = dict(zip(indices, decoded))
                 for index in rows:
-                    record = done.get((prompts[index].question_id, turn, strategy.name)) or decoded[todo.index(index)]
+                    record = done.get((prompts[index].question_id, turn, strategy.name)) or fresh[index]
                     plain[index] = record if strategy.name == "plain" else plain.get(index)
                     answers[index, strategy.name].append(record.output_ids)
     return summarize(read_records(records_path))
 
 
-def _decode(strategy: Strategy, prompts: list[Prompt], turn: int, ids: list[list[int]],
-            plain: list[PromptRecord | None], tokenizer, seeds: list[int], repeats: int,
-            batch_size: int) -> list[PromptRecord]:
-    """The records of `strategy` on one turn of `prompts`, decoded together when batch_size > 1, each compared with
-    plain decoding's record of the same prompt and turn."""
-    def run() -> tuple[list[GenerationResult], float]:
-        generators = [_generator(strategy, seed) for seed in seeds]
+Run = tuple[tuple[list[GenerationResult], float], float | None]  # ((results, wall seconds), peak MiB)
+
+
+def _timed_runs(strategies: list[Strategy], ids: dict[str, list[list[int]]], seeds: dict[str, list[int]],
+                repeats: int, batch_size: int) -> dict[str, list[Run]]:
+    """Each strategy's `repeats` timed runs over its prompts `ids[name]` (decoded together when batch_size > 1),
+    taken in turns, every strategy once a round: a slow spell of the machine falls on every strategy alike."""
+    def run(strategy: Strategy) -> tuple[list[GenerationResult], float]:
+        generators = [_generator(strategy, seed) for seed in seeds[strategy.name]]
         device = output_device(strategy.model)
         start = clock(device)
-        results = ([strategy.generate(ids[0], generators[0])] if batch_size == 1 else
-                   strategy.generate_batch(ids, generators, batch_size))
+        prompt_ids = ids[strategy.name]
+        results = ([strategy.generate(prompt_ids[0], generators[0])] if batch_size == 1 else
+                   strategy.generate_batch(prompt_ids, generators, batch_size))
         return results, clock(device) - start
 
-    measured = [measure_peak_memory(run, output_device(strategy.model)) for _ in range(repeats)]
+    runs: dict[str, list[Run]] = {strategy.name: [] for strategy in strategies}
+    for _ in range(repeats):
+        for strategy in strategies:
+            runs[strategy.name].append(measure_peak_memory(lambda: run(strategy), output_device(strategy.model)))
+    return runs
+
+
+def _records(strategy: Strategy, prompts: list[Prompt], turn: int, ids: list[list[int]],
+             plain: list[PromptRecord | None], tokenizer, measured: list[Run], batch_size: int) -> list[PromptRecord]:
+    """The records of `strategy` on one turn of `prompts` from its timed runs (the median run's outputs and steps,
+    the median times), each compared with plain decoding's record of the same prompt and turn."""
     (results, _), _ = sorted(measured, key=lambda run: run[0][1])[len(measured) // 2]  # the median run
     batch_s = statistics.median(seconds for (_, seconds), _ in measured)
     peaks = [mb for _, mb in measured if mb is not None]
