@@ -5,6 +5,8 @@ from dataclasses import replace
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from selfspec.decoding.costs import DraftCosts
 from selfspec.decoding.draft_exit import CostAwareExit, DraftExit, ThresholdExit
@@ -197,6 +199,22 @@ def test_layer_skip_tree_branches_only_where_the_draft_is_unsure(prompt):
     idle = SelfTreeDrafter(model, skip, NoDraft(4), nodes=12, depth=4, width=3, branch_below=1.0)
     idle.begin(context)
     assert idle.draft(tokens, 4) == Draft()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([3, 5, 256, 65536, 65541, 2**31 - 1]), max_size=40), st.integers(1, 3),
+       st.integers(1, 5), st.integers(1, 4))
+def test_ngram_search_finds_what_a_scan_of_the_context_finds(tokens, ngram_size, max_tokens, limit):
+    """The bytes search (4 bytes a token) against the definition: every earlier occurrence of the last n tokens,
+    n = ngram_size down to 1, latest first; ids whose bytes overlap across tokens must not match out of step."""
+    expected, seen = [], []
+    for n in range(min(ngram_size, len(tokens) - 1), 0, -1):
+        for start in range(len(tokens) - n - 1, -1, -1):
+            continuation = tokens[start + n:start + n + max_tokens]
+            if tokens[start:start + n] == tokens[-n:] and continuation not in seen and len(expected) < limit:
+                seen.append(continuation)
+                expected.append((n, continuation))
+    assert ngram_matches(tokens, ngram_size, max_tokens, limit) == expected
 
 
 def test_ngram_trie_merges_distinct_continuations_within_its_budget():

@@ -1,5 +1,7 @@
 """Prompt lookup: copy what followed the latest earlier occurrence of the context's last tokens, at no model cost."""
 
+from array import array
+
 import torch
 
 from selfspec.decoding.draft_exit import DraftExit
@@ -51,6 +53,10 @@ class NgramDrafter:
         one_hot[range(len(copied)), copied] = 1.0
         return Draft(copied, list(one_hot), NGRAM)
 
+    def observe_batch(self, others_drafting: int) -> None:
+        if self.exit_policy:
+            self.exit_policy.observe_batch(others_drafting)
+
     def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
         if self.exit_policy:
             self.exit_policy.update(drafted, accepted)
@@ -76,18 +82,22 @@ def ngram_continuation(tokens: list[int], ngram_size: int, max_tokens: int) -> l
 
 def ngram_matches(tokens: list[int], ngram_size: int, max_tokens: int, limit: int) -> list[tuple[int, list[int]]]:
     """Up to `limit` distinct continuations (at most `max_tokens` long) of earlier occurrences of the context's last
-    n tokens, n = ngram_size down to 1, latest occurrence first within each n; each with its n."""
+    n tokens, n = ngram_size down to 1, latest occurrence first within each n; each with its n. The context is
+    searched as bytes, 4 a token (`bytes.rfind` runs in C; a match must start on a token's first byte)."""
+    data = array("i", tokens).tobytes()
     found, seen = [], []
     for n in range(min(ngram_size, len(tokens) - 1), 0, -1):
-        tail = tokens[-n:]
-        for start in range(len(tokens) - n - 1, -1, -1):
-            if tokens[start:start + n] == tail:
-                continuation = tokens[start + n:start + n + max_tokens]
-                if continuation not in seen:
-                    seen.append(continuation)
-                    found.append((n, continuation))
-                    if len(found) == limit:
-                        return found
+        tail, end = data[-4 * n:], 4 * (len(tokens) - 1)  # an occurrence ends before the last token
+        while (at := data.rfind(tail, 0, end)) >= 0:
+            end = at + 4 * n - 1  # the next search finds occurrences starting before this one
+            if at % 4:
+                continue
+            continuation = tokens[at // 4 + n:at // 4 + n + max_tokens]
+            if continuation not in seen:
+                seen.append(continuation)
+                found.append((n, continuation))
+                if len(found) == limit:
+                    return found
     return found
 
 
