@@ -20,6 +20,7 @@ from hydra import compose, initialize_config_dir
 
 from selfspec.data.prompt_sets import encode_prompt, load_prompt_set
 from selfspec.decoding.batch import generate_batch
+from selfspec.decoding.results import GenerationResult
 from selfspec.decoding.strategies import Strategy, cost_meter, make_strategy
 from selfspec.models.devices import output_device
 from selfspec.models.layouts import num_layers
@@ -32,14 +33,19 @@ BATCH_SIZES = (1, 2, 4, 8)
 FIXED = "plain, fixed batches"
 
 
-def decode(strategy: Strategy, prompts: list[list[int]], batch_size: int, fixed: bool = False) -> list[list[int]]:
+def decode(strategy: Strategy, prompts: list[list[int]], batch_size: int,
+           fixed: bool = False) -> list[GenerationResult]:
     if batch_size == 1:
-        return [strategy.generate(ids).new_tokens for ids in prompts]
+        return [strategy.generate(ids) for ids in prompts]
     if fixed:
-        return [r.new_tokens for first in range(0, len(prompts), batch_size)
+        return [r for first in range(0, len(prompts), batch_size)
                 for r in generate_batch(strategy.model, prompts[first:first + batch_size], strategy.settings,
                                         end_ids=strategy.end_ids)]
-    return [r.new_tokens for r in strategy.generate_batch(prompts, batch_size=batch_size)]
+    return strategy.generate_batch(prompts, batch_size=batch_size)
+
+
+def tokens_per_verification(results: list[GenerationResult]) -> float:
+    return sum(step.emitted for r in results for step in r.steps) / sum(len(r.steps) for r in results)
 
 
 def main(overrides: list[str]) -> None:
@@ -67,13 +73,15 @@ def main(overrides: list[str]) -> None:
             runs = [(name, name, False) for name in strategies] + ([(FIXED, "plain", True)] if batch_size > 1 else [])
             for label, name, fixed in runs:
                 start = clock(device)
-                outputs = decode(strategies[name], prompts, batch_size, fixed)
+                results = decode(strategies[name], prompts, batch_size, fixed)
                 seconds = clock(device) - start
+                outputs = [r.new_tokens for r in results]
                 expected = expected or outputs
                 if settings.sampling.greedy and outputs != expected:
                     raise AssertionError(f"{label} at batch size {batch_size} differs from plain decoding")
                 speeds.setdefault((label, batch_size), []).append(sum(map(len, outputs)) / seconds)
-                print(f"batch size {batch_size}, {label}: {speeds[label, batch_size][-1]:.1f} tokens/s", flush=True)
+                print(f"batch size {batch_size}, {label}: {speeds[label, batch_size][-1]:.1f} tokens/s, "
+                      f"{tokens_per_verification(results):.2f} tokens per verification", flush=True)
     median = {key: statistics.median(values) for key, values in speeds.items()}
     labels = [*strategies, FIXED]
     print("aggregate tokens/s; in brackets over plain decoding at the same batch size, and plain's over batch 1")

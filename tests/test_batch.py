@@ -147,6 +147,26 @@ def test_a_batch_row_pays_all_the_widening_its_block_costs():
     assert widening_prices(shares[:3], 1) == shares[:3]  # a batch of one: c(q) itself
 
 
+def test_each_drafting_row_hears_how_many_other_rows_drafted_in_its_step(tiny):
+    """Two rows that always draft 2 tokens and a plain row: each drafter hears of the other one, until the last
+    tokens, where a row has no room to draft."""
+    heard = [[], []]
+
+    class Listening(SelfDrafter):
+        def __init__(self, row):
+            super().__init__(tiny, make_skip_set([1], [], 6), DraftExit(2))
+            self.row = row
+
+        def observe_batch(self, others_drafting):
+            heard[self.row].append(others_drafting)
+
+    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[3]]
+    settings = replace(GREEDY, max_new_tokens=10)
+    generate_batch(tiny, prompts, settings, [Listening(0), None, Listening(1)])
+    for row in heard:
+        assert row[0] == 1 and set(row) <= {0, 1} and 1 < len(row) < 10
+
+
 def test_the_cache_grows_with_the_batch_and_no_more(tiny):
     cache = BatchCache(tiny, 3, 40)
     one = new_cache(tiny, 40)

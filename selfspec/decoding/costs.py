@@ -104,11 +104,12 @@ class CostMeter:
 
     In a batch of B rows (decoding/batch.py) one forward verifies every row, each row's block padded to the widest:
     c_B(q), measured with B rows of q tokens (`for_batch`). A row's plain step is its share, c_B(1) / B, but a row
-    that drafts widens every row's block, so it pays all the widening costs: a q-token block is priced
-    c_B(1) / B + c_B(q) - c_B(1) (`widening_prices`; exact for a row that drafts alone, an upper bound where several
-    do). The layer-skip chain's rows draft together, one forward a draft token, so a row's draft token costs d_B / B;
-    other drafters draft each row on its own, at d. As B grows and a wider forward costs more than a row's share of
-    a narrow one, the cost-aware exit drafts less, and at last nothing."""
+    that drafts widens every row's block: alone, it pays all the widening, a q-token block priced
+    c_B(1) / B + c_B(q) - c_B(1) (`widening_prices`); the cost-aware exit shares the widening among the rows that
+    draft beside it (CostAwareExit.observe_batch). The layer-skip chain's rows draft together, one forward a draft
+    token, so a row's draft token costs d_B / B; other drafters draft each row on its own, at d. As B grows and a
+    wider forward costs more than a row's share of a narrow one, the cost-aware exit drafts less, and at last
+    nothing."""
 
     def __init__(self, model, max_q: int, repeats: int = 7, rows: int = 1):
         self.model, self.max_q, self.repeats, self.rows = model, max_q, repeats, rows
