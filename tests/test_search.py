@@ -303,6 +303,8 @@ def test_a_killed_study_resumes_with_its_finished_trials(tmp_path):
     finished = {t.number: t.params for t in before if t.state in (TrialState.COMPLETE, TrialState.PRUNED)}
     killed = [t.number for t in before if t.state == TrialState.RUNNING and "worker" in t.user_attrs]
     assert 3 <= len(finished) < 16
+    logged = read_jsonl(tmp_path / "trials.jsonl")
+    assert len(finished) - 1 <= len(logged) <= len(finished)  # a kill between a trial's end and its line: one line
 
     second = run_py(*TINY, *command, wait=False, env=ENV)
     stdout, stderr = second.communicate(timeout=120)
@@ -314,7 +316,9 @@ def test_a_killed_study_resumes_with_its_finished_trials(tmp_path):
     assert sum(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in after) == 16
     assert all(after[n].state == TrialState.FAIL for n in killed)  # killed inside the objective
     assert all(not t.params for t in after if t.state == TrialState.RUNNING)  # killed while sampling: ignored
-    assert len(read_jsonl(tmp_path / "trials.jsonl")) >= 16  # both runs appended
+    lines = read_jsonl(tmp_path / "trials.jsonl")
+    assert lines[:len(logged)] == logged  # the first run's lines, kept
+    assert len(lines) == len(logged) + 16 - len(finished)  # and one more for each trial the second run ran
     assert (tmp_path / "best_skip.yaml").is_file()
 
 

@@ -26,8 +26,9 @@ def run_trials(study, objective: TrialObjective, n_trials: int, missing: int, lo
         bar.set_postfix_str(_best_text(study, objective.objective))
 
     try:
-        study.optimize(objective, n_trials=missing, gc_after_trial=False,
-                       callbacks=[optuna.study.MaxTrialsCallback(n_trials, states=FINISHED), log, progress])
+        study.optimize(objective, n_trials=missing, gc_after_trial=False,  # the trial's line first, the study's
+                       # read after: a kill between a trial's end and its line is as short as it can be
+                       callbacks=[log, optuna.study.MaxTrialsCallback(n_trials, states=FINISHED), progress])
     finally:
         bar.close()
 
