@@ -64,10 +64,11 @@ class DecodingBatch:
         proposals = [replace(proposal, verify_start=start) for proposal in proposals]
         logits = forward_batch(self.model, self.cache, [p.ids for p in proposals], [p.start for p in proposals],
                                [p.block for p in proposals])
-        drafting = [len(p.ids) > 1 for p in proposals]
-        for generation, drafted in zip(self.rows, drafting):  # the rows that draft share the forward's widening
+        drafted = [bool(p.draft.tokens) for p in proposals]
+        drafting_rows = sum(drafted)
+        for generation, row_drafted in zip(self.rows, drafted):  # the rows that draft share the forward's widening
             if generation.drafter is not None:
-                generation.drafter.observe_batch(sum(drafting) - drafted)
+                generation.drafter.observe_batch(drafting_rows - row_drafted)
         emitted = [(generation, generation.conclude(proposal, row_logits))
                    for generation, proposal, row_logits in zip(self.rows, proposals, logits)]
         for generation, _ in emitted:
