@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from selfspec.decoding.batch import DecodingBatch, generate_batch
-from selfspec.decoding.costs import CostMeter, widening_prices
+from selfspec.decoding.costs import CostMeter, batch_row_prices
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.drafters import HybridDrafter, NgramDrafter, SelfDrafter
 from selfspec.decoding.speculative import generate
@@ -44,6 +44,37 @@ def test_the_batch_forward_gives_each_row_its_own_logits(family):
     # the tree: each node's logits are those of its path fed as a chain
     torch.testing.assert_close(logits[2][[0, 1, 3]], forward(model, alone[2], [11, 12, 14], starts[2]))
     torch.testing.assert_close(logits[2][2], forward(model, alone[2], [11, 13], starts[2])[1])
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_rows_as_wide_run_as_a_batch_and_each_gets_its_own_logits(family):
+    """Every row a 2-token chain at its own length (attention in one call, the rows as a batch): each row's logits
+    equal its batch-1 forward's."""
+    model = tiny_model(family, sliding_window=8).double()
+    batch = BatchCache(model, 3, 48)
+    alone = []
+    for row, prompt in enumerate(PROMPTS[1:]):
+        forward(model, batch.view(row), prompt, 0)
+        alone.append(new_cache(model, 48))
+        forward(model, alone[-1], prompt, 0)
+    blocks, starts = [[7, 8], [9, 10], [11, 12]], [len(prompt) for prompt in PROMPTS[1:]]
+    for row, logits in enumerate(forward_batch(model, batch, blocks, starts)):
+        torch.testing.assert_close(logits, forward(model, alone[row], blocks[row], starts[row]))
+
+
+def test_the_batch_forward_feeds_only_the_rows_tokens_never_padding(tiny):
+    """A 5-token block beside two 1-token blocks: the layers see 7 tokens, not 3 rows x 5."""
+    batch = BatchCache(tiny, 3, 48)
+    for row, prompt in enumerate(PROMPTS[:3]):
+        forward(tiny, batch.view(row), prompt, 0)
+    shapes = []
+    hook = tiny.model.layers[0].register_forward_hook(lambda module, args, output: shapes.append(args[0].shape))
+    try:
+        logits = forward_batch(tiny, batch, [[7, 8, 9, 10, 11], [12], [13]], [len(p) for p in PROMPTS[:3]])
+    finally:
+        hook.remove()
+    assert shapes == [(1, 7, tiny.config.hidden_size)]
+    assert [len(row) for row in logits] == [5, 1, 1]
 
 
 @pytest.mark.parametrize("neighbours", [[], [PROMPTS[1]], [PROMPTS[3], PROMPTS[2], PROMPTS[1]]])
@@ -141,30 +172,10 @@ def test_a_batch_row_measures_its_share_of_the_batch_verify(tiny):
     assert "a row of 4" in batch.summary()
 
 
-def test_a_batch_row_pays_all_the_widening_its_block_costs():
-    shares = [10.0, 12.0, 11.0, 9.5]  # c_4(q) / 4: a plain batch step 40 ms, widened to 2 tokens 48, to 3 44
-    assert widening_prices(shares, 4) == [10.0, 18.0, 14.0, 10.0]  # q = 4 timed faster than 1: noise, no saving
-    assert widening_prices(shares[:3], 1) == shares[:3]  # a batch of one: c(q) itself
-
-
-def test_each_drafting_row_hears_how_many_other_rows_drafted_in_its_step(tiny):
-    """Two rows that always draft 2 tokens and a plain row: each drafter hears of the other one, until the last
-    tokens, where a row has no room to draft."""
-    heard = [[], []]
-
-    class Listening(SelfDrafter):
-        def __init__(self, row):
-            super().__init__(tiny, make_skip_set([1], [], 6), DraftExit(2))
-            self.row = row
-
-        def observe_batch(self, others_drafting):
-            heard[self.row].append(others_drafting)
-
-    prompts = [PROMPTS[0], PROMPTS[1], PROMPTS[3]]
-    settings = replace(GREEDY, max_new_tokens=10)
-    generate_batch(tiny, prompts, settings, [Listening(0), None, Listening(1)])
-    for row in heard:
-        assert row[0] == 1 and set(row) <= {0, 1} and 1 < len(row) < 10
+def test_a_batch_row_pays_its_share_of_a_plain_step_and_its_own_widening():
+    forward_ms = [40.0, 48.0, 44.0, 38.0]  # c_4(q): a plain batch step 40 ms, one row widened to 2 tokens 48, to 3 44
+    assert batch_row_prices(forward_ms, 4) == [10.0, 18.0, 14.0, 10.0]  # q = 4 timed faster than 1: noise, no saving
+    assert batch_row_prices(forward_ms[:3], 1) == forward_ms[:3]  # a batch of one: c(q) itself
 
 
 def test_the_cache_grows_with_the_batch_and_no_more(tiny):

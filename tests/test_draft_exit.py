@@ -148,25 +148,6 @@ def test_cost_aware_policy_follows_the_draft_cost_it_meets():
     DraftExit(3).observe_draft_ms(5.0)  # the other policies ignore it
 
 
-def test_cost_aware_policy_in_a_batch_shares_the_widening_among_the_rows_that_draft():
-    """A row of 4 whose prices charge it all the widening of the batch's forward (c_4(q) / 4 = 10, 12, 13.5: prices
-    10, 18, 24): at the prior acceptance 0.5 no copy pays alone (1.5 x 10 / 18 = 0.83x plain). Once the 3 other rows
-    draft with it, the widening is shared four ways, the prices are their shares, and a 2-token copy pays
-    (1.75 x 10 / 13.5 = 1.30x); when they stop, the prices drift back."""
-    policy = CostAwareExit(2, costs=DraftCosts((10.0, 18.0, 24.0), draft_ms=0.0))
-    assert policy.best_length(2)[1] < 1.0
-    for _ in range(100):
-        policy.observe_batch(3)
-    assert policy.costs.verify_ms == pytest.approx((10.0, 12.0, 13.5), rel=1e-3)
-    assert policy.best_length(2) == (2, pytest.approx(17.5 / 13.5, rel=1e-3))
-    assert policy.plan(2) == 2
-    for _ in range(100):
-        policy.observe_batch(0)
-    assert policy.costs.verify_ms == pytest.approx((10.0, 18.0, 24.0), rel=1e-3)
-    assert policy.lone_prices == (10.0, 18.0, 24.0)
-    DraftExit(3).observe_batch(2)  # the other policies ignore it
-
-
 def shaped_after_two_drafts(verify_ms: tuple[float, ...]) -> tuple[CostAwareExit, tuple[list[int], list[int]]]:
     """A 2-token chain (each calibrated at the prior 0.5: P(accepted) 0.5 and 0.25, so E = 1.75 tokens) and two
     offered leaves of probability 0.3: `a` beside the first chain token (gain 0.3), `b` beside the second (0.5 x 0.3

@@ -21,7 +21,7 @@ from selfspec.decoding.speculative import Generation, Tally, needed_length
 from selfspec.decoding.text_rules import TextRules
 from selfspec.decoding.verify import Emitted, Proposal
 from selfspec.errors import SelfspecError
-from selfspec.models.batch_cache import BatchCache, forward_batch, forward_batch_hidden
+from selfspec.models.batch_cache import BatchCache, forward_batch, forward_rows_hidden
 from selfspec.models.devices import output_device
 from selfspec.models.output_layer import model_logits
 from selfspec.models.skip import skipping
@@ -64,11 +64,6 @@ class DecodingBatch:
         proposals = [replace(proposal, verify_start=start) for proposal in proposals]
         logits = forward_batch(self.model, self.cache, [p.ids for p in proposals], [p.start for p in proposals],
                                [p.block for p in proposals])
-        drafted = [bool(p.draft.tokens) for p in proposals]
-        drafting_rows = sum(drafted)
-        for generation, row_drafted in zip(self.rows, drafted):  # the rows that draft share the forward's widening
-            if generation.drafter is not None:
-                generation.drafter.observe_batch(drafting_rows - row_drafted)
         emitted = [(generation, generation.conclude(proposal, row_logits))
                    for generation, proposal, row_logits in zip(self.rows, proposals, logits)]
         for generation, _ in emitted:
@@ -78,8 +73,8 @@ class DecodingBatch:
 
     def _propose(self) -> list[Proposal]:
         """Every row's proposal. The rows whose drafters draft with the same skip set run their draft forwards
-        together, one forward a draft token (DraftForward; other rows feed their last token where the verification
-        will write it anyway); one skip set's rows draft to the end before another's start."""
+        together, one packed forward a draft token (DraftForward); one skip set's rows draft to the end before
+        another's start."""
         steps = [generation.propose(len(self.rows)) for generation in self.rows]
         pending: dict[int, DraftForward] = {}  # row -> its next draft forward
         proposals: list[Proposal | None] = [None] * len(self.rows)
@@ -98,11 +93,10 @@ class DecodingBatch:
                 key = next(iter(pending.values())).group
             group = [row for row, forward in pending.items() if forward.group == key]
             skip, head = pending[group[0]].skip, pending[group[0]].head
-            blocks = [pending[row].ids if row in group else [g.tokens[-1]] for row, g in enumerate(self.rows)]
-            starts = [pending[row].start if row in group else len(g.tokens) - 1 for row, g in enumerate(self.rows)]
             with skipping(self.model, skip), torch.inference_mode():
-                hidden = forward_batch_hidden(self.model, self.cache, blocks, starts)  # (rows, width, hidden)
-                last = torch.stack([hidden[row, len(blocks[row]) - 1] for row in group])  # (group, hidden)
+                hidden = forward_rows_hidden(self.model, self.cache, group, [pending[row].ids for row in group],
+                                             [pending[row].start for row in group])
+                last = torch.stack([row_hidden[-1] for row_hidden in hidden])  # (group, hidden)
                 logits = model_logits(self.model, last) if head is None else head.rows_logits(last)  # (group, vocab)
             for row, row_logits in zip(group, logits):
                 del pending[row]

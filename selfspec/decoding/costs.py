@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from selfspec.models.batch_cache import BatchCache, forward_batch, forward_batch_hidden
+from selfspec.models.batch_cache import BatchCache, forward_batch, forward_rows_hidden
 from selfspec.models.cache import forward, forward_hidden, new_cache
 from selfspec.models.devices import execution_device, output_device
 from selfspec.models.draft_head import DraftHead
@@ -102,13 +102,12 @@ class CostMeter:
     """c(q) and the draft-token costs of one model on this machine, each measured on first use (seconds) and kept,
     so the strategies of a run share one measurement.
 
-    In a batch of B rows (decoding/batch.py) one forward verifies every row, each row's block padded to the widest:
-    c_B(q), measured with B rows of q tokens (`for_batch`). A row's plain step is its share, c_B(1) / B, but a row
-    that drafts widens every row's block: alone, it pays all the widening, a q-token block priced
-    c_B(1) / B + c_B(q) - c_B(1) (`widening_prices`); the cost-aware exit shares the widening among the rows that
-    draft beside it (CostAwareExit.observe_batch). The layer-skip chain's rows draft together, one forward a draft
-    token, so a row's draft token costs d_B / B; other drafters draft each row on its own, at d. As B grows and a
-    wider forward costs more than a row's share of a narrow one, the cost-aware exit drafts less, and at last
+    In a batch of B rows (decoding/batch.py) one packed forward verifies every row's block, so a row that drafts adds
+    its own tokens to the forward and no one else's: c_B(q), one forward of a q-token block beside B - 1 rows of one
+    token (`for_batch`). A row's plain step is its share, c_B(1) / B, and a q-token block costs it the widening too,
+    c_B(1) / B + c_B(q) - c_B(1) (`batch_row_prices`). The layer-skip chain's rows draft together, one forward a
+    draft token, so a row's draft token costs d_B / B; other drafters draft each row on its own, at d. As B grows,
+    a row's plain step gets cheaper while its widening does not, so the cost-aware exit drafts less, and at last
     nothing."""
 
     def __init__(self, model, max_q: int, repeats: int = 7, rows: int = 1):
@@ -118,7 +117,7 @@ class CostMeter:
         self.batches: dict[int, CostMeter] = {1: self}
 
     def for_batch(self, rows: int) -> "CostMeter":
-        """The meter of a row in a batch of `rows` (`widening_prices` and the drafts' costs in a batch)."""
+        """The meter of a row in a batch of `rows` (`batch_row_prices` and the drafts' costs in a batch)."""
         if rows not in self.batches:
             meter = CostMeter(self.model, self.max_q, self.repeats, rows)
             meter.batches = self.batches
@@ -128,8 +127,8 @@ class CostMeter:
     def _measure_verify(self) -> None:
         if self.verify_ms is None:
             measured = (measure_verify_ms(self.model, self.max_q, self.repeats) if self.rows == 1 else
-                        widening_prices(measure_batch_verify_ms(self.model, self.max_q, self.rows, self.repeats),
-                                        self.rows))
+                        batch_row_prices(measure_batch_verify_ms(self.model, self.max_q, self.rows, self.repeats),
+                                         self.rows))
             self.verify_ms = tuple(measured)
 
     def costs(self, skip: SkipSet | None, head: DraftHead | None = None, alone: bool = False) -> DraftCosts:
@@ -220,18 +219,19 @@ def measure_verify_ms(model, max_q: int, repeats: int = REPEATS, cache=None) -> 
 
 
 def measure_batch_verify_ms(model, max_q: int, rows: int, repeats: int = REPEATS) -> list[float]:
-    """c_B(1..max_q) / B: median milliseconds of one forward of q tokens in each of `rows` rows (B), each after a
-    CONTEXT-token context, divided by B: a row's share of a batch's verify."""
+    """c_B(1..max_q): median milliseconds of one forward of `rows` rows (B), each after a CONTEXT-token context, one
+    a q-token block and the others one token each."""
     cache = _batch_context_cache(model, rows, max_q)
-    steps = [lambda q=q: forward_batch(model, cache, [[5] * q] * rows, [CONTEXT] * rows) for q in range(1, max_q + 1)]
-    return [ms / rows for ms in timed_ms_each(steps, output_device(model), repeats)]
+    steps = [lambda q=q: forward_batch(model, cache, [[5] * q] + [[5]] * (rows - 1), [CONTEXT] * rows)
+             for q in range(1, max_q + 1)]
+    return timed_ms_each(steps, output_device(model), repeats)
 
 
-def widening_prices(shares: list[float], rows: int) -> list[float]:
-    """A batch row's price of a q-token block, q = 1..len(shares), from `shares` c_B(q) / B: its share of a plain
-    step, c_B(1) / B, plus c_B(q) - c_B(1), what widening the forward from 1 to q tokens a row costs, since the
-    forward pads every row to the widest block (never below nothing: a wider forward timed faster is noise)."""
-    return [shares[0] + rows * max(share - shares[0], 0.0) for share in shares]
+def batch_row_prices(forward_ms: list[float], rows: int) -> list[float]:
+    """A batch row's price of a q-token block, q = 1..len(forward_ms), from `forward_ms` c_B(q): its share of a plain
+    step, c_B(1) / B, plus c_B(q) - c_B(1), what its widening adds to the forward (never below nothing: a wider
+    forward timed faster is noise)."""
+    return [forward_ms[0] / rows + max(ms - forward_ms[0], 0.0) for ms in forward_ms]
 
 
 def measure_batch_draft_ms(model, skip: SkipSet, head: DraftHead | None, rows: int,
@@ -242,7 +242,8 @@ def measure_batch_draft_ms(model, skip: SkipSet, head: DraftHead | None, rows: i
 
     def draft_tokens():
         with skipping(model, skip), torch.inference_mode():
-            hidden = forward_batch_hidden(model, cache, [[5]] * rows, [CONTEXT] * rows)[:, -1]  # (rows, hidden)
+            hidden = torch.cat(forward_rows_hidden(model, cache, list(range(rows)), [[5]] * rows,
+                                                   [CONTEXT] * rows))  # (rows, hidden)
             return model_logits(model, hidden) if head is None else head.rows_logits(hidden)
     return timed_ms(draft_tokens, output_device(model), repeats) / rows
 

@@ -49,10 +49,6 @@ class DraftExit:
     def observe_draft_ms(self, per_token_ms: float) -> None:
         """What a draft token took in the draft just made (the cost-aware policy learns from it)."""
 
-    def observe_batch(self, others_drafting: int) -> None:
-        """A batch row (decoding/batch.py): how many other rows drafted in this step (the cost-aware policy shares
-        the widening of the batch's forward among them)."""
-
     def update(self, drafted: int, accepted: int) -> None:
         pass
 
@@ -143,9 +139,6 @@ class CostAwareExit(DraftExit):
     branch_counts: dict[Hashable, list[float]] = field(default_factory=dict, init=False)  # key: [accepted, tested]
     branches: list[tuple[int, Hashable]] = field(default_factory=list, init=False)  # the last tree's nodes after
     # its chain: (parent, key)
-    drafting_rows: float = field(default=1.0, init=False)  # in a batch: rows that draft in a step, this one included
-    # (decayed; observe_batch)
-    lone_prices: tuple[float, ...] = field(init=False)  # c(q) as measured: in a batch, a lone drafting row's price
 
     def __post_init__(self):
         super().__post_init__()
@@ -153,7 +146,6 @@ class CostAwareExit(DraftExit):
             raise SelfspecError("the cost-aware draft exit needs c(q) for q = 1 and 2 at least")
         if not 0.0 < self.decay < 1.0:
             raise SelfspecError(f"decay={self.decay} must be in (0, 1)")
-        self.lone_prices = tuple(self.costs.verify_ms)
 
     def begin(self) -> None:
         """A new generation starts: the draft in progress and the count of idle steps start afresh, and the
@@ -218,16 +210,6 @@ class CostAwareExit(DraftExit):
         """d as drafting meets it, the loop's own work included: a moving average from the measured start."""
         draft_ms = self.decay * self.costs.draft_ms + (1 - self.decay) * per_token_ms
         self.costs = dataclasses.replace(self.costs, draft_ms=draft_ms)
-
-    def observe_batch(self, others_drafting: int) -> None:
-        """A batch row's prices (CostMeter.for_batch) charge all of the forward's widening to a row that drafts, as
-        if it drafted alone; the forward pads every row to the widest block, so the rows that draft share it. The
-        widening is priced for 1 + the others that drafted lately (decayed): c_B(1) / B + (c_B(q) - c_B(1)) / n,
-        c_B(q) / B once every row drafts. Rows that draft as wide as this one do share it; the others share less."""
-        self.drafting_rows = self.decay * self.drafting_rows + (1 - self.decay) * (1 + others_drafting)
-        plain = self.lone_prices[0]
-        self.costs = dataclasses.replace(self.costs, verify_ms=tuple(plain + (price - plain) / self.drafting_rows
-                                                                     for price in self.lone_prices))
 
     def calibrated(self, confidence: float) -> float:
         """P(verification accepts a draft token of this confidence): its bin's rate, shrunk to the overall rate."""

@@ -95,11 +95,12 @@ class RewindableCache(Cache):
         entries: a tree's accepted path moves in it as in the K/V."""
         self.followers.append(buffer)
 
-    def written_at(self, cache: Cache, width: int) -> tuple[int, int] | None:
-        """Where a forward over `cache` that fed `width` tokens a row put this cache's entries: (row of the forward's
-        batch, first cache index); None when it fed this cache nothing (another generation's forward)."""
+    def written_at(self, cache: Cache, width: int) -> tuple[slice, int] | None:
+        """Where a forward over `cache` that fed `width` tokens put this cache's entries: (their tokens in the
+        forward's one sequence, first cache index); None when it fed this cache nothing (another generation's
+        forward)."""
         if cache is self:
-            return 0, self.get_seq_length() - width
+            return slice(0, width), self.get_seq_length() - width
         return self.batch.placement(self) if self.batch is not None and cache is self.batch else None
 
     def in_use(self, cache: Cache) -> bool:

@@ -88,9 +88,6 @@ class Drafter(Protocol):
         is its depth and `path` the accepted nodes' indices, root first (None: a chain, or a replayed step).
         `source` is the verified draft's Draft.source, so a drafter that mixes sources credits the one that drafted."""
 
-    def observe_batch(self, others_drafting: int) -> None:
-        """A row of a batch (decoding/batch.py): `others_drafting` other rows drafted in this step too."""
-
 
 def cut_at_end(tokens: list[int], end_ids: tuple[int, ...]) -> list[int]:
     """`tokens` up to and including the first end id."""
@@ -121,9 +118,6 @@ class ExitPolicyDrafter:
 
     def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
         self.exit_policy.update(drafted, accepted)
-
-    def observe_batch(self, others_drafting: int) -> None:
-        self.exit_policy.observe_batch(others_drafting)
 
     def draft_loop(self, next_logits: Callable[[list[int], int], torch.Tensor], tokens: list[int], cached: int,
                    max_tokens: int) -> Draft:

@@ -48,7 +48,7 @@ class HeadFeatures:
         self.hook, self.cache, self.features = None, None, None
 
     def _keep(self, base, args, kwargs, output) -> None:
-        """Copy the forward's final hidden states (rows, q, hidden) of our row to the cache indices its K/V went to."""
+        """Copy the forward's final hidden states (1, q, hidden) of our tokens to the cache indices their K/V went to."""
         cache = kwargs.get("past_key_values")
         if not self.cache.in_use(cache):
             if cache is not None:  # our generation has ended: another one runs (a forward without a cache: none)
@@ -57,8 +57,8 @@ class HeadFeatures:
         written = self.cache.written_at(cache, output.last_hidden_state.shape[1])
         if written is None:  # a batch neighbour's own forward
             return
-        row, start = written  # the forward wrote our K/V at start..
-        hidden = output.last_hidden_state[row]  # (q, hidden)
+        tokens, start = written  # the forward wrote our K/V at start..
+        hidden = output.last_hidden_state[0, tokens]  # (q, hidden)
         if self.features is None:
             self.features = hidden.new_zeros(self.cache.max_len, hidden.shape[-1])  # (max_len, hidden)
             self.cache.follow(self.features)

@@ -50,10 +50,6 @@ class HybridDrafter:
     def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
         (self.ngram if source == NGRAM else self.fallback).update(drafted, accepted, path, source)
 
-    def observe_batch(self, others_drafting: int) -> None:
-        self.ngram.observe_batch(others_drafting)
-        self.fallback.observe_batch(others_drafting)
-
 
 def build_self_spec_hybrid(inputs: StrategyInputs) -> HybridDrafter:
     """Both drafters under draft.hybrid_policy: a copy costs no draft forward, so under the cost-aware exit it may

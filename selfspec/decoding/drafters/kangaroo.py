@@ -54,7 +54,7 @@ class KangarooDrafter(ExitPolicyDrafter):
         self.hook, self.cache, self.shallow = None, None, None
 
     def _keep_shallow(self, layer, args, kwargs, output) -> None:
-        """Copy layer exit_layer - 1's output (rows, q, hidden) of our row into self.shallow at its positions."""
+        """Copy layer exit_layer - 1's output (1, q, hidden) of our tokens into self.shallow at their positions."""
         layout = layout_of(self.model)
         cache = kwargs.get(layout.cache_kwarg)
         if not self.cache.in_use(cache):  # our generation has ended: another one runs
@@ -65,10 +65,11 @@ class KangarooDrafter(ExitPolicyDrafter):
         written = self.cache.written_at(cache, output.shape[1])
         if written is None:  # a batch neighbour's own forward
             return
-        row, start = written
+        tokens, start = written
         if self.shallow is None:
             self.shallow = output.new_zeros(self.cache.max_len, output.shape[-1])  # (max_len, hidden)
-        self.shallow[start:start + output.shape[1]] = output[row]
+        kept = output[0, tokens]  # (q, hidden)
+        self.shallow[start:start + len(kept)] = kept
 
     def draft(self, tokens: list[int], max_tokens: int) -> Draft:
         cache = self.cache

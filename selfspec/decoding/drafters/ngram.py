@@ -53,10 +53,6 @@ class NgramDrafter:
         one_hot[range(len(copied)), copied] = 1.0
         return Draft(copied, list(one_hot), NGRAM)
 
-    def observe_batch(self, others_drafting: int) -> None:
-        if self.exit_policy:
-            self.exit_policy.observe_batch(others_drafting)
-
     def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
         if self.exit_policy:
             self.exit_policy.update(drafted, accepted)

@@ -64,10 +64,6 @@ class NgramTreeDrafter:
             draft.probs = list(one_hot)
         return draft
 
-    def observe_batch(self, others_drafting: int) -> None:
-        if self.exit_policy:
-            self.exit_policy.observe_batch(others_drafting)
-
     def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
         if self.exit_policy is None:
             return
