@@ -11,6 +11,7 @@ from selfspec.decoding.batch import DecodingBatch, generate_batch
 from selfspec.decoding.costs import CostMeter, batch_row_prices
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.drafters import HybridDrafter, NgramDrafter, SelfDrafter
+from selfspec.decoding.drafters import base as drafters_base
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
 from selfspec.models.batch_cache import BatchCache, forward_batch
@@ -217,3 +218,27 @@ def test_rows_drafting_with_one_skip_set_run_their_draft_forwards_together(tiny)
         hook.remove()
     assert [e.step.drafted for _, e in emitted] == [3, 3, 3]
     assert len(forwards) == 4
+
+
+def test_a_row_pays_for_its_draft_forwards_split_among_the_rows_that_ran_them(tiny, monkeypatch):
+    """Two layer-skip rows, one drafting 3 tokens and one 1: their first draft forward is shared, the next two are
+    the first row's alone. The clock ticks a second a reading: the first row's loop reads 0 and 3 (the second's
+    reads 1 and 2), so the policies learn 3000 / 3 ms x (1/2 + 1 + 1) / 3 and 1000 ms x 1/2 a draft token."""
+    observed = [[], []]
+
+    class Recording(DraftExit):
+        def __init__(self, row, max_tokens):
+            super().__init__(max_tokens)
+            self.row = row
+
+        def observe_draft_ms(self, per_token_ms):
+            observed[self.row].append(per_token_ms)
+
+    ticks = iter(range(1000))
+    monkeypatch.setattr(drafters_base, "clock", lambda *device: next(ticks))
+    batch = DecodingBatch(tiny, 2, 64)
+    skip = make_skip_set([1], [2], 6)
+    for row, (prompt, max_tokens) in enumerate(zip(PROMPTS[:2], (3, 1))):
+        batch.add(prompt, replace(GREEDY, max_new_tokens=10), SelfDrafter(tiny, skip, Recording(row, max_tokens)))
+    batch.step()
+    assert observed[0] == [pytest.approx(3000 / 3 * (0.5 + 1 + 1) / 3)] and observed[1] == [pytest.approx(500)]

@@ -75,7 +75,7 @@ class DecodingBatch:
         """Every row's proposal. The rows whose drafters draft with the same skip set run their draft forwards
         together, one packed forward a draft token (DraftForward); one skip set's rows draft to the end before
         another's start."""
-        steps = [generation.propose(len(self.rows)) for generation in self.rows]
+        steps = [generation.propose(in_batch=True) for generation in self.rows]
         pending: dict[int, DraftForward] = {}  # row -> its next draft forward
         proposals: list[Proposal | None] = [None] * len(self.rows)
 
@@ -99,7 +99,7 @@ class DecodingBatch:
                 last = torch.stack([row_hidden[-1] for row_hidden in hidden])  # (group, hidden)
                 logits = model_logits(self.model, last) if head is None else head.rows_logits(last)  # (group, vocab)
             for row, row_logits in zip(group, logits):
-                del pending[row]
+                pending.pop(row).rows = len(group)
                 advance(row, row_logits)
         return proposals
 

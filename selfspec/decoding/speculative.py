@@ -120,12 +120,12 @@ class Generation:
         emitted, self.confidence = prefill(self.model, self.context, self.prompt)
         return self._apply(emitted)
 
-    def propose(self, rows: int | None = None) -> Generator[DraftForward, torch.Tensor, Proposal]:
+    def propose(self, in_batch: bool = False) -> Generator[DraftForward, torch.Tensor, Proposal]:
         """Draft (unless the target-confidence gate closes it) what the next verification checks: `propose_steps`
-        for a row of a batch of `rows` (None: alone; value_of gives its proposal)."""
+        for a row of a batch (`in_batch`; alone, value_of gives its proposal)."""
         gated = self.drafter is not None and self.target_gate is not None and self.confidence <= self.target_gate
         remaining = self.context.settings.max_new_tokens - (len(self.tokens) - len(self.prompt))
-        return propose_steps(self.model, self.context, self.tokens, remaining, self.drafter, gated, rows)
+        return propose_steps(self.model, self.context, self.tokens, remaining, self.drafter, gated, in_batch)
 
     def conclude(self, proposal: Proposal, logits: torch.Tensor) -> Emitted:
         """Keep what the full model's `logits` (len(proposal.ids), vocab) accept of the proposal, plus one token."""
@@ -176,18 +176,18 @@ def propose(model, context: GenerationContext, tokens: list[int], remaining: int
 
 
 def propose_steps(model, context: GenerationContext, tokens: list[int], remaining: int, drafter: Drafter | None,
-                  gated: bool = False, rows: int | None = None) -> Generator[DraftForward, torch.Tensor, Proposal]:
-    """`propose` as a generator for a row of a batch of `rows`: a drafter with `batch_draft` yields its draft
-    forwards (decoding/batch.py runs the rows' together) and is sent their logits; None: the row drafts
-    alone, as every drafter does outside a batch."""
+                  gated: bool = False, in_batch: bool = False) -> Generator[DraftForward, torch.Tensor, Proposal]:
+    """`propose` as a generator for a row of a batch (`in_batch`): a drafter with `batch_draft` yields its draft
+    forwards (decoding/batch.py runs the rows' together) and is sent their logits; outside a batch the row drafts
+    alone, as every drafter does."""
     device = output_device(model)
     t0 = clock(device)
     k_max = min(drafter.max_tokens, remaining - 1) if drafter is not None and not gated else 0
-    batch_draft = getattr(drafter, "batch_draft", None) if rows else None
+    batch_draft = getattr(drafter, "batch_draft", None) if in_batch else None
     if k_max == 0:
         draft = Draft()
     elif batch_draft is not None:
-        draft = yield from batch_draft(tokens, k_max, rows)
+        draft = yield from batch_draft(tokens, k_max)
     else:
         draft = drafter.draft(tokens, k_max)
     if draft.parents is None and context.watch is not None:

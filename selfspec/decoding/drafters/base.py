@@ -5,7 +5,7 @@ The decoding loop (decoding/speculative.py) calls `begin` once per generation, t
 the full model verified the draft, `update`. A drafter that decides its draft length by a draft-exit policy
 (decoding/draft_exit.py) owns it. A new drafter is one new module in this package: the drafter and the
 strategies it implements (its `STRATEGIES`, decoding/registry.py), which join decoding/strategies.py's `REGISTRY`.
-A drafter may also offer `batch_draft(tokens, max_tokens, rows)`, its draft as a generator of `DraftForward`s, so a
+A drafter may also offer `batch_draft(tokens, max_tokens)`, its draft as a generator of `DraftForward`s, so a
 batch (decoding/batch.py) runs the draft forwards of its rows together (the layer-skip chain, layer_skip.py);
 without it, each row drafts on its own.
 """
@@ -59,6 +59,7 @@ class DraftForward:
     head: DraftHead | None
     ids: list[int]
     start: int
+    rows: int = 1  # the rows whose draft forwards ran in the one forward (the batch sets it)
 
     @property
     def group(self) -> tuple:
@@ -127,12 +128,13 @@ class ExitPolicyDrafter:
         return run_steps(self.draft_steps(tokens, cached, max_tokens), next_logits)
 
     def draft_steps(self, tokens: list[int], cached: int, max_tokens: int,
-                    rows: int = 1) -> Generator[tuple[list[int], int], torch.Tensor, Draft]:
+                    shared_by: list[int] | None = None) -> Generator[tuple[list[int], int], torch.Tensor, Draft]:
         """The draft loop as a generator: yields each draft forward's (ids, start), is sent its last position's
         logits (vocab,), returns the draft. Drafts nothing when the policy's plan says so; stops where the policy
         says (it sees every draft token's top draft probability), after `max_tokens` tokens, or after an end id. The
-        policy also learns what a draft token took, all of the loop's work included, divided among the `rows` of a
-        batch whose draft forwards run together (decoding/batch.py)."""
+        policy also learns what a draft token took, all of the loop's work included; in a batch, whose rows run their
+        draft forwards together (decoding/batch.py), each forward's time divided among the rows that ran it
+        (`shared_by`: per forward so far, that number of rows; the caller adds each before sending its logits)."""
         context, settings = self.context, self.context.settings
         max_tokens = self.exit_policy.plan(max_tokens)
         if max_tokens == 0:
@@ -152,7 +154,8 @@ class ExitPolicyDrafter:
             if (self.exit_policy.should_stop(float(probs.max())) or len(draft.tokens) == max_tokens
                     or token in context.end_ids):
                 per_token_ms = 1000 * (clock(logits.device) - start) / len(draft.tokens)
-                self.exit_policy.observe_draft_ms(per_token_ms / rows)
+                share = sum(1 / rows for rows in shared_by) / len(shared_by) if shared_by else 1.0
+                self.exit_policy.observe_draft_ms(per_token_ms * share)
                 return draft
             logits = yield [token], len(history) - 1
 

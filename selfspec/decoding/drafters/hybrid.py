@@ -36,8 +36,7 @@ class HybridDrafter:
             draft = self.fallback.draft(tokens, min(max_tokens, self.fallback.max_tokens))
         return draft
 
-    def batch_draft(self, tokens: list[int], max_tokens: int,
-                    rows: int) -> Generator[DraftForward, torch.Tensor, Draft]:
+    def batch_draft(self, tokens: list[int], max_tokens: int) -> Generator[DraftForward, torch.Tensor, Draft]:
         """`draft` for a row of a batch: the fallback's draft forwards run with the batch's (where it can)."""
         draft = self.ngram.draft(tokens, max_tokens)
         if draft.tokens:
@@ -45,7 +44,7 @@ class HybridDrafter:
         max_tokens = min(max_tokens, self.fallback.max_tokens)
         if getattr(self.fallback, "batch_draft", None) is None:
             return self.fallback.draft(tokens, max_tokens)
-        return (yield from self.fallback.batch_draft(tokens, max_tokens, rows))
+        return (yield from self.fallback.batch_draft(tokens, max_tokens))
 
     def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
         (self.ngram if source == NGRAM else self.fallback).update(drafted, accepted, path, source)

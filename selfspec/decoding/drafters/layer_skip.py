@@ -34,15 +34,18 @@ class SelfDrafter(ExitPolicyDrafter):
         with skipping(self.model, self.skip):
             return self.draft_loop(self.next_logits, tokens, len(tokens) - 1, max_tokens)
 
-    def batch_draft(self, tokens: list[int], max_tokens: int,
-                    rows: int) -> Generator[DraftForward, torch.Tensor, Draft]:
-        """`draft` for a row of a batch of `rows` (decoding/batch.py): yields each draft forward, to run in one
-        forward with the other rows drafting with the same skip set and head, and is sent its logits (vocab,)."""
-        steps = self.draft_steps(tokens, len(tokens) - 1, max_tokens, rows)
+    def batch_draft(self, tokens: list[int], max_tokens: int) -> Generator[DraftForward, torch.Tensor, Draft]:
+        """`draft` for a row of a batch (decoding/batch.py): yields each draft forward, to run in one forward with
+        the other rows drafting with the same skip set and head, and is sent its logits (vocab,)."""
+        shared_by = []  # per draft forward, the rows that ran it
+        steps = self.draft_steps(tokens, len(tokens) - 1, max_tokens, shared_by)
         try:
             ids, start = next(steps)
             while True:
-                ids, start = steps.send((yield DraftForward(self.skip, self.head, ids, start)))
+                request = DraftForward(self.skip, self.head, ids, start)
+                logits = yield request
+                shared_by.append(request.rows)
+                ids, start = steps.send(logits)
         except StopIteration as done:
             return done.value
 
