@@ -14,6 +14,7 @@ from selfspec.decoding.drafters import HybridDrafter, NgramDrafter, SelfDrafter
 from selfspec.decoding.drafters import base as drafters_base
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
+from selfspec.models.attention_masks import block_mask
 from selfspec.models.batch_cache import BatchCache, forward_batch
 from selfspec.models.cache import forward, new_cache
 from selfspec.models.tiny import tiny_model
@@ -76,6 +77,11 @@ def test_the_batch_forward_feeds_only_the_rows_tokens_never_padding(tiny):
         hook.remove()
     assert shapes == [(1, 7, tiny.config.hidden_size)]
     assert [len(row) for row in logits] == [5, 1, 1]
+
+
+def test_a_mask_for_rows_of_different_widths_is_refused():
+    with pytest.raises(ValueError, match=r"blocks of widths \[1, 2\] in one mask"):
+        block_mask([[-1], [-1, 0]], [3, 5], 7, torch.float32, "cpu")
 
 
 @pytest.mark.parametrize("neighbours", [[], [PROMPTS[1]], [PROMPTS[3], PROMPTS[2], PROMPTS[1]]])

@@ -1,12 +1,12 @@
 """Attention masks for forwards that transformers' own masks do not describe: token trees, and batches whose rows
-sit at different lengths of one cache.
+sit at different lengths of one cache (each row a block as wide: a batch's forward packs blocks of different
+widths, models/batch_cache.py).
 
 Each row feeds a block of tokens at cache indices start, start + 1, ...; a block token sees the row's cache prefix,
 its ancestors in the block and itself (`parents`: per block token its parent's block index, -1 for none, so a
 chain is [-1, 0, 1, ...]) and sits at position start + its depth. On sliding-window layers it sees only keys within
 the window by position, as transformers' sliding-window mask. The keys start at cache index `first` (a sliding
-cache layer hands attention only its window, models/cache.py) and end at `key_end`; block tokens past a row's own
-block (padding up to the batch's widest block) see the prefix and themselves, so no softmax row is empty.
+cache layer hands attention only its window, models/cache.py) and end at `key_end`.
 """
 
 from collections.abc import Callable
@@ -36,15 +36,15 @@ def ancestry(parents: list[int]) -> list[list[int]]:
 def block_mask(parents: list[list[int]], starts: list[int], key_end: int, dtype: torch.dtype, device,
                sliding_window: int | None = None, first: int = 0) -> torch.Tensor:
     """(rows, 1, width, key_end - first) additive mask, 0 where a block token may attend and the dtype's minimum
-    elsewhere; `parents`: per row its block's parents, `starts`: per row the cache index of its block's first token,
-    width: the widest block."""
-    width = max(map(len, parents))
+    elsewhere; `parents`: per row its block's parents (every block `width` tokens), `starts`: per row the cache
+    index of its block's first token."""
+    width = block_width(parents)
     allowed = torch.zeros(len(parents), width, key_end - first, dtype=torch.bool)  # (rows, width, keys)
     query_positions = torch.zeros(len(parents), width, dtype=torch.long)
     key_positions = torch.arange(first, key_end).repeat(len(parents), 1)  # (rows, keys): a prefix key's is its index
     for row, (block, start) in enumerate(zip(parents, starts)):
-        seen = ancestry(block) + [[j] for j in range(len(block), width)]  # padding sees itself
-        depths = [len(s) - 1 for s in seen[:len(block)]] + list(range(len(block), width))
+        seen = ancestry(block)
+        depths = [len(s) - 1 for s in seen]
         allowed[row, :, :start - first] = True
         for j, block_indices in enumerate(seen):
             allowed[row, j, [start - first + i for i in block_indices]] = True
@@ -57,13 +57,20 @@ def block_mask(parents: list[list[int]], starts: list[int], key_end: int, dtype:
 
 
 def block_positions(parents: list[list[int]], starts: list[int], device) -> torch.Tensor:
-    """(rows, width) position ids: start + depth per block token (padding: start + its index)."""
-    width = max(map(len, parents))
-    positions = torch.zeros(len(parents), width, dtype=torch.long)
+    """(rows, width) position ids: start + depth per block token."""
+    positions = torch.zeros(len(parents), block_width(parents), dtype=torch.long)
     for row, (block, start) in enumerate(zip(parents, starts)):
-        depths = [len(s) - 1 for s in ancestry(block)] + list(range(len(block), width))
-        positions[row] = start + torch.tensor(depths)
+        positions[row] = start + torch.tensor([len(s) - 1 for s in ancestry(block)])
     return positions.to(device)
+
+
+def block_width(parents: list[list[int]]) -> int:
+    """The width of every row's block."""
+    widths = {len(block) for block in parents}
+    if len(widths) != 1:
+        raise ValueError(f"blocks of widths {sorted(widths)} in one mask; a batch's forward packs blocks of "
+                         f"different widths (models/batch_cache.py)")
+    return widths.pop()
 
 
 def model_attention_masks(model, parents: list[list[int]], starts: list[int], key_end: int,
