@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from selfspec.decoding.batch import DecodingBatch, generate_batch
-from selfspec.decoding.costs import CostMeter, batch_row_prices
+from selfspec.decoding.costs import CostMeter, batch_row_prices, nondecreasing
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.drafters import HybridDrafter, NgramDrafter, SelfDrafter
 from selfspec.decoding.drafters import base as drafters_base
@@ -183,6 +183,13 @@ def test_a_batch_row_pays_its_share_of_a_plain_step_and_its_own_widening():
     forward_ms = [40.0, 48.0, 44.0, 38.0]  # c_4(q): a plain batch step 40 ms, one row widened to 2 tokens 48, to 3 44
     assert batch_row_prices(forward_ms, 4) == [10.0, 18.0, 14.0, 10.0]  # q = 4 timed faster than 1: noise, no saving
     assert batch_row_prices(forward_ms[:3], 1) == forward_ms[:3]  # a batch of one: c(q) itself
+
+
+def test_measured_prices_never_fall_as_the_block_widens():
+    assert nondecreasing([10.0, 14.0, 12.0, 13.0, 20.0]) == pytest.approx([10.0, 13.0, 13.0, 13.0, 20.0])
+    assert nondecreasing([12.4, 20.1, 14.1, 18.7, 22.7]) == pytest.approx([12.4, 17.1, 17.1, 18.7, 22.7], abs=0.05)
+    assert nondecreasing([5.0, 3.0, 1.0]) == pytest.approx([3.0, 3.0, 3.0])
+    assert nondecreasing([1.0, 2.0]) == [1.0, 2.0]
 
 
 def test_the_cache_grows_with_the_batch_and_no_more(tiny):

@@ -148,14 +148,17 @@ class CostAwareExit(DraftExit):
             raise SelfspecError(f"decay={self.decay} must be in (0, 1)")
 
     def begin(self) -> None:
-        """A new generation starts: the draft in progress and the count of idle steps start afresh, and the
-        acceptance rate learnt so far becomes the new generation's prior, with the prior's weight (2 tokens): a
-        drafter that paid drafts from the first step, and where the new text is unlike the last (copies of code,
-        then a role-play), the first rejections pull the estimate down at once. The confidence bins, each tree node
-        kind's rate, the probe back-off and the costs carry over as they are."""
+        """A new generation starts: the draft in progress, the count of idle steps and the probe back-off start
+        afresh, and the acceptance rate learnt so far becomes the new generation's prior, with the prior's weight
+        (2 tokens): a drafter that paid drafts from the first step, and where the new text is unlike the last
+        (copies of code, then a role-play), the first rejections pull the estimate down at once. A drafter that did
+        not pay probes the new text after 4 steps: the last text's back-off (up to 64 steps, longer than many
+        answers) kept such drafters from drafting ever again (a batch's rows, each on prompt after prompt, drafted
+        less from pass to pass). The confidence bins, each tree node kind's rate and the costs carry over."""
         rate = self.acceptance
         self.accepted_count, self.tested_count = PRIOR_TOKENS * rate, PRIOR_TOKENS
         self.confidences, self.survival, self.emitted, self.idle, self.branches = [], 1.0, 1.0, 0, []
+        self.wait = FIRST_WAIT
 
     @property
     def threshold(self) -> float:
