@@ -8,7 +8,8 @@ emitted e_i runs at speedup = sum(e_i) c(1) / sum(k_i d + c(k_i + 1)) over plain
 skip sets with it (`search.objective=cost_model`): deterministic for greedy decoding, unlike wall-clock timing.
 With per-token acceptance a instead of a trace, a step of k drafts emits E = (1 - a^(k+1)) / (1 - a) tokens
 (`speedup_at_acceptance`, `break_even`: experiments/cost_model.py). Every speedup formula of selfspec is here,
-`expected_speedup` (the pareto objective's proxy in full-forward units) included.
+`expected_speedup` (the pareto objective's proxy in full-forward units) included. A little over our ~300 lines on
+purpose: the formulas read beside the measurements they take.
 """
 
 import statistics
