@@ -2,7 +2,7 @@
 
 Each layer holds (capacity, kv_heads, max_len, dim) buffers. Every generation decodes over its row as over a cache
 of its own: `view(row)` is a batch-1 `RewindableCache` whose buffers are that row of the batch's (views, no copy),
-so prefills, drafts, rewinds and tree compaction run per row exactly as at batch size 1. `forward_rows` then feeds
+so prefills, drafts, rewinds and tree compaction run per row exactly as at batch size 1. `forward_rows_hidden` then feeds
 some rows one block each (the last token and its draft) at each row's own cache index in one forward, packed: the
 blocks one after another in one sequence, so the linear layers see only the tokens fed, never padding (a row that
 drafts 8 tokens beside three that draft none makes a forward of 12 tokens, not 4 x 9). Attention runs per row
@@ -43,6 +43,11 @@ class Feed:
     attention: str = "sdpa"  # the model's own attention implementation, which each row's attention runs
     stacked: bool = False
 
+    @property
+    def end(self) -> int:
+        """The cache index just past the furthest block."""
+        return max(start + width for start, width in zip(self.starts, self.widths))
+
     def blocks(self) -> Iterator[tuple[int, int, int, int]]:
         """(row, cache index, first query of the sequence, width) per fed block."""
         first = 0
@@ -75,8 +80,7 @@ class BatchLayer(RewindableLayer):
         for row, start, first, width in self.feed.blocks():  # key_states: (1, kv_heads, packed tokens, dim)
             self.key_buffer[row, :, start:start + width] = key_states[0, :, first:first + width]
             self.value_buffer[row, :, start:start + width] = value_states[0, :, first:first + width]
-        rows = max(self.feed.rows) + 1
-        end = max(start + width for start, width in zip(self.feed.starts, self.feed.widths))
+        rows, end = max(self.feed.rows) + 1, self.feed.end
         return self.key_buffer[:rows, :, :end], self.value_buffer[:rows, :, :end]
 
 
@@ -189,18 +193,19 @@ def forward_rows_hidden(model, cache: BatchCache, rows: list[int], blocks: list[
     states of its block (len(blocks[i]), hidden)."""
     parents = parents or [chain(len(block)) for block in blocks]
     widths = [len(block) for block in blocks]
-    if max(start + width for start, width in zip(starts, widths)) > cache.max_len:
-        raise RuntimeError(f"cache holds {cache.max_len} positions, asked to write up to "
-                           f"{max(start + width for start, width in zip(starts, widths))}")
+    stacked = len(set(widths)) == 1 and list(rows) == list(range(len(rows)))
+    feed = Feed(list(rows), list(starts), widths, [], stacked=stacked)
+    if feed.end > cache.max_len:
+        raise RuntimeError(f"cache holds {cache.max_len} positions, asked to write up to {feed.end}")
     device = input_device(model)
     ids = torch.tensor([[token for block in blocks for token in block]], device=device)  # (1, packed tokens)
     positions = torch.cat([block_positions([tree], [start], device) for tree, start in zip(parents, starts)], dim=1)
-    stacked = len(set(widths)) == 1 and list(rows) == list(range(len(rows)))
-    masks = ([model_attention_masks(model, parents, starts, max(starts) + widths[0], windowed_keys=False)] if stacked
-             else [model_attention_masks(model, [tree], [start], start + len(tree), windowed_keys=False)
-                   for tree, start in zip(parents, starts)])
+    feed.masks = ([model_attention_masks(model, parents, starts, feed.end, windowed_keys=False)] if stacked
+                  else [model_attention_masks(model, [tree], [start], start + len(tree), windowed_keys=False)
+                        for tree, start in zip(parents, starts)])
     with attention_by_rows(model) as own:
-        cache.feed(Feed(list(rows), list(starts), widths, masks, own, stacked))
+        feed.attention = own
+        cache.feed(feed)
         try:
             hidden = base_model(model)(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True,
                                        feed=cache.running).last_hidden_state[0]  # (packed tokens, hidden)
