@@ -5,10 +5,11 @@ so the machine's drift between the jobs of `python run.py -m experiment=batch` d
     python experiments/batch_throughput.py [hydra overrides, e.g. 'strategies=[plain,self_spec_tree]' repeats=2]
 
 The prompts are experiment=batch's (the mix's evaluation halves, 2 a set, 14 prompts; `data.limit`, `sampling.*`
-override them). Per repeat, each batch size in turn, each strategy decodes all prompts: batch size 1 one prompt at
-a time, above it `batch_size` rows refilled as rows end (decoding/batch.py), and plain decoding also in fixed
-batches that wait for their longest row (`plain, fixed batches`: how run.py batched before the refill). Every
-output must equal plain decoding's at batch size 1 (greedy settings). Prints the median over repeats.
+override them). Per repeat, each batch size in turn, each strategy decodes all prompts (the strategies in reverse
+order every other repeat): batch size 1 one prompt at a time, above it `batch_size` rows refilled as rows end
+(decoding/batch.py), and plain decoding also in fixed batches that wait for their longest row (`plain, fixed
+batches`: how run.py batched before the refill). Every output must equal plain decoding's at batch size 1 (greedy
+settings). Prints the median over repeats.
 """
 
 import statistics
@@ -68,10 +69,10 @@ def main(overrides: list[str]) -> None:
     expected = None
     speeds: dict[tuple[str, int], list[float]] = {}
     device = output_device(loaded.model)
-    for _ in range(settings.repeats):
+    for repeat in range(settings.repeats):
         for batch_size in BATCH_SIZES:
             runs = [(name, name, False) for name in strategies] + ([(FIXED, "plain", True)] if batch_size > 1 else [])
-            for label, name, fixed in runs:
+            for label, name, fixed in runs[::-1] if repeat % 2 else runs:  # a drift in time hits no one place
                 start = clock(device)
                 results = decode(strategies[name], prompts, batch_size, fixed)
                 seconds = clock(device) - start
