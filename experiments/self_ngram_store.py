@@ -24,8 +24,7 @@ from selfspec.models.layouts import num_layers
 from selfspec.models.loading import load_model
 from selfspec.models.skip_config import resolve_skip
 from selfspec.settings import from_config
-from selfspec.training.draft_data import generate_sequences, train_prompts
-from selfspec.training.self_prompts import self_prompts
+from selfspec.training.draft_data import generate_sequences, training_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
 LONGEST, MIN_SEEN = 4, 2
@@ -56,7 +55,7 @@ def main(overrides: list[str]) -> None:
             "logger=none", *overrides]))
     loaded = load_model(run.model)
     data_dir = Path(run.train.data_dir).expanduser() if run.train.data_dir else ROOT / "outputs/draft_data" / loaded.name
-    prompts = train_prompts(run.train) + self_prompts(loaded, run.train, data_dir)
+    prompts = training_prompts(loaded, run.train, data_dir)
     sequences, prompt_lengths = generate_sequences(loaded, prompts, run.train, data_dir)
     store = build_store(sequences, prompt_lengths)
     print(f"store: {sum(len(s) - p for s, p in zip(sequences, prompt_lengths))} generated tokens of "

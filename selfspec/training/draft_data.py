@@ -38,12 +38,18 @@ class TrainingSequence:
 
 def training_data(loaded: LoadedModel, settings: TrainSettings, data_dir: Path,
                   exit_layer: int | None) -> list[TrainingSequence]:
-    """Every training sequence with its states: the model's generations for the training prompts (train_prompts and
-    `train.self_prompts` requests) and their states (after `exit_layer` layers too, if set), each part read back
-    from `data_dir` where an earlier run made it with the same settings."""
-    prompts = train_prompts(settings) + self_prompts(loaded, settings, data_dir)
-    sequences, prompt_lengths = generate_sequences(loaded, prompts, settings, data_dir)
+    """Every training sequence with its states: the model's generations for `training_prompts` and their states
+    (after `exit_layer` layers too, if set), each part read back from `data_dir` where an earlier run made it with
+    the same settings."""
+    sequences, prompt_lengths = generate_sequences(loaded, training_prompts(loaded, settings, data_dir), settings,
+                                                   data_dir)
     return sequence_states(loaded.model, sequences, prompt_lengths, exit_layer, data_dir, settings.generate_batch)
+
+
+def training_prompts(loaded: LoadedModel, settings: TrainSettings, data_dir: Path) -> list[Prompt]:
+    """The prompts a draft's data is generated from: train_prompts, then the `train.self_prompts` requests the
+    model writes itself (read back from `data_dir` where an earlier run wrote them)."""
+    return train_prompts(settings) + self_prompts(loaded, settings, data_dir)
 
 
 def train_prompts(settings: TrainSettings) -> list[Prompt]:
