@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 from scipy.stats import chisquare
 
 from selfspec import SelfSpeculativeDecoder
-from selfspec.decoding.draft_exit import DraftExit
+from selfspec.decoding.draft_exit import CostAwareExit, DraftExit
 from selfspec.decoding.drafters.feature_head import HeadDrafter, HeadFeatures
 from selfspec.decoding.sampling import logits_processor, scores
 from selfspec.decoding.speculative import generate, settled
@@ -252,3 +252,11 @@ def stream_events(client: httpx.Client, url: str, body: dict) -> list[dict]:
         data = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: ")]
     assert data[-1] == "[DONE]"
     return [json.loads(event) for event in data[:-1]]
+
+
+def pinned(policy: CostAwareExit) -> CostAwareExit:
+    """`policy` with its costs kept as given: the clock of the loop (the tiny model's milliseconds) does not move
+    them, so a test's costs decide what it drafts."""
+    policy.observe_draft_ms = lambda per_token_ms: None
+    policy.observe_verify_ms = lambda tokens, ms: None
+    return policy

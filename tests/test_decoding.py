@@ -6,7 +6,8 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import assert_cache_holds, chi_square_pvalue, exact_pair_distribution, hf_greedy, run_settings
+from helpers import (assert_cache_holds, chi_square_pvalue, exact_pair_distribution, hf_greedy, pinned,
+                     run_settings)
 
 from selfspec.data.prompt_sets import calibration_texts
 from selfspec.decoding.costs import CostMeter, DraftCosts, timed_ms_each
@@ -34,11 +35,12 @@ def random_setup(rng, layers=6):
 
 
 def random_cost_aware(rng, max_tokens=None):
-    """A cost-aware policy over made-up costs: c(q) from 10 ms up by random steps, d from free to dear."""
+    """A cost-aware policy over made-up costs, kept as given: c(q) from 10 ms up by random steps, d from free to
+    dear."""
     verify = [10.0]
     for _ in range(8):
         verify.append(verify[-1] + rng.uniform(-1, 4))
-    return CostAwareExit(max_tokens or rng.randint(1, 8), costs=DraftCosts(tuple(verify), rng.uniform(0, 8)))
+    return pinned(CostAwareExit(max_tokens or rng.randint(1, 8), costs=DraftCosts(tuple(verify), rng.uniform(0, 8))))
 
 
 def test_plain_greedy_equals_hf_generate_past_the_sliding_window(tiny, prompt):
@@ -142,13 +144,26 @@ def test_cost_aware_hybrid_copies_past_the_model_drafts_length(tiny, tokenizer):
     layer-skip draft stops at 4."""
     prompt = tokenizer("def fib(n):\n    return fib(n - 1) + fib(n - 2)\n\ndef fib").input_ids
     flat = (10.0,) * 11
-    copier = NgramDrafter(tiny, 2, 10, CostAwareExit(10, costs=DraftCosts(flat, 0.0)))
+    copier = NgramDrafter(tiny, 2, 10, pinned(CostAwareExit(10, costs=DraftCosts(flat, 0.0))))
     drafter = HybridDrafter(copier, SelfDrafter(tiny, make_skip_set([1], [2], 6),
-                                                CostAwareExit(4, costs=DraftCosts(flat, 1.0))))
+                                                pinned(CostAwareExit(4, costs=DraftCosts(flat, 1.0)))))
     result = generate(tiny, prompt, GREEDY, drafter)
     assert result.new_tokens == generate(tiny, prompt, GREEDY).new_tokens
     assert max(s.drafted for s in result.steps if s.source == "ngram") > 4
     assert max(s.drafted for s in result.steps if s.source == "model") <= 4
+
+
+def test_the_loop_tells_the_drafter_what_each_verify_took(tiny, prompt):
+    """After every step at batch size 1: the tokens it verified and the milliseconds its record keeps."""
+    observed = []
+
+    class Recording(DraftExit):
+        def observe_verify_ms(self, tokens, ms):
+            observed.append((tokens, ms))
+
+    result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, make_skip_set([1], [2], 6), Recording(3)))
+    assert observed == [(step.drafted + 1, pytest.approx(1000 * step.verify_s)) for step in result.steps]
+    assert max(tokens for tokens, _ in observed) == 4
 
 
 def test_a_cost_aware_drafter_that_does_not_pay_drafts_only_on_probes(tiny, prompt):
@@ -156,12 +171,11 @@ def test_a_cost_aware_drafter_that_does_not_pay_drafts_only_on_probes(tiny, prom
     drafts on its probes alone; and a draft token dearer than 10 plain steps is never even probed."""
     plain = generate(tiny, prompt, GREEDY)
     skip = make_skip_set([1], [2], 6)
-    dear_verify = CostAwareExit(4, costs=DraftCosts((10.0, 30.0, 30.0, 30.0, 30.0), draft_ms=0.5))
-    dear_verify.observe_draft_ms = lambda per_token_ms: None  # keep d as given: the probe schedule reads no clock
+    dear_verify = pinned(CostAwareExit(4, costs=DraftCosts((10.0, 30.0, 30.0, 30.0, 30.0), draft_ms=0.5)))
     result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip, dear_verify))
     assert result.new_tokens == plain.new_tokens
     assert [i for i, step in enumerate(result.steps) if step.drafted] == [3, 11, 27]
-    dear_draft = CostAwareExit(4, costs=DraftCosts((10.0, 12.0, 14.0, 16.0, 18.0), draft_ms=100.0))
+    dear_draft = pinned(CostAwareExit(4, costs=DraftCosts((10.0, 12.0, 14.0, 16.0, 18.0), draft_ms=100.0)))
     result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip, dear_draft))
     assert result.new_tokens == plain.new_tokens and not any(step.drafted for step in result.steps)
 

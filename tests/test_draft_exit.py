@@ -148,6 +148,21 @@ def test_cost_aware_policy_follows_the_draft_cost_it_meets():
     DraftExit(3).observe_draft_ms(5.0)  # the other policies ignore it
 
 
+def test_cost_aware_policy_follows_each_verify_cost_it_meets_and_stops_drafting_where_it_no_longer_pays():
+    """The meter read c(2) = c(1) (SmolLM2 here: its pooled medians), the loop's 2-token verify takes 2.5 c(1): a
+    1-token draft that paid 2 x 10 / 12 = 1.67x at full acceptance then pays 20 / 27 = 0.74x, and is not probed."""
+    policy = CostAwareExit(1, costs=DraftCosts((10.0, 10.0), draft_ms=2.0))
+    assert policy.can_pay(1)
+    policy.observe_verify_ms(2, 25.0)
+    policy.observe_verify_ms(3, 99.0)  # longer than any draft it plans: nothing to follow
+    assert policy.costs.verify_ms == (10.0, pytest.approx(0.9 * 10.0 + 0.1 * 25.0))
+    for _ in range(30):
+        policy.observe_verify_ms(2, 25.0)
+        policy.observe_verify_ms(1, 10.0)
+    assert not policy.can_pay(1) and not any(policy.plan(1) for _ in range(200))
+    DraftExit(3).observe_verify_ms(2, 5.0)  # the other policies ignore it
+
+
 def shaped_after_two_drafts(verify_ms: tuple[float, ...]) -> tuple[CostAwareExit, tuple[list[int], list[int]]]:
     """A 2-token chain (each calibrated at the prior 0.5: P(accepted) 0.5 and 0.25, so E = 1.75 tokens) and two
     offered leaves of probability 0.3: `a` beside the first chain token (gain 0.3), `b` beside the second (0.5 x 0.3

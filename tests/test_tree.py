@@ -21,7 +21,7 @@ from selfspec.models.cache import forward, new_cache
 from selfspec.models.tiny import tiny_model
 from selfspec.settings import SkipSet, default_settings, make_skip_set
 
-from helpers import assert_cache_holds, hf_greedy, run_settings
+from helpers import assert_cache_holds, hf_greedy, pinned, run_settings
 
 SAMPLING = default_settings().sampling  # the config's: greedy, 128 new tokens
 WINDOW = 8  # sliding window of the tiny Gemma models: shorter than every test sequence
@@ -66,6 +66,9 @@ class RandomTreeDrafter:
         return draft
 
     def update(self, drafted, accepted, path=None, source="model"):
+        pass
+
+    def observe_verify_ms(self, tokens, ms):
         pass
 
 
@@ -290,10 +293,11 @@ def test_cost_shaped_trees_keep_greedy_output_under_random_costs(model, tokenize
             verify_ms = (10.0, *(rng.uniform(9.0, 11.5) for _ in range(8)))  # c(q) ms, q = 1..9: dips and rises
             skip = make_skip_set(rng.sample(range(4), rng.randint(0, 2)), rng.sample(range(4), rng.randint(1, 2)), 4)
             nodes, depth, width = rng.randint(4, 8), rng.randint(2, 5), rng.randint(2, 3)
-            tree = SelfTreeDrafter(model, skip, CostAwareExit(8, costs=DraftCosts(verify_ms, rng.uniform(0.0, 3.0))),
+            draft_ms = rng.uniform(0.0, 3.0)
+            tree = SelfTreeDrafter(model, skip, pinned(CostAwareExit(8, costs=DraftCosts(verify_ms, draft_ms))),
                                    None, nodes, depth, width)
             ngram = NgramTreeDrafter(model, rng.randint(1, 3), nodes, depth, width,
-                                     CostAwareExit(8, costs=DraftCosts(verify_ms, 0.0)))
+                                     pinned(CostAwareExit(8, costs=DraftCosts(verify_ms, 0.0))))
             for drafter in (tree, ngram, HybridDrafter(ngram, tree)):
                 result = generate(model, prompt, settings, drafter)
                 assert result.new_tokens == plain, (verify_ms, skip, nodes, depth, width, drafter)

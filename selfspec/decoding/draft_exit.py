@@ -49,6 +49,10 @@ class DraftExit:
     def observe_draft_ms(self, per_token_ms: float) -> None:
         """What a draft token took in the draft just made (the cost-aware policy learns from it)."""
 
+    def observe_verify_ms(self, tokens: int, ms: float) -> None:
+        """What the verification of the last step took, `tokens` tokens (the last token and the drafts) through the
+        full model and the loop's own work on them (the cost-aware policy learns from it)."""
+
     def update(self, drafted: int, accepted: int) -> None:
         pass
 
@@ -107,8 +111,10 @@ FIRST_WAIT, LAST_WAIT = 4, 64  # steps without drafting before a probe; doubled 
 class CostAwareExit(DraftExit):
     """`draft=cost`: draft only as far as drafting pays on this machine, and not at all when it does not.
 
-    The costs are measured here (cost_model.CostMeter): c(q), a q-token forward of the full model, and d, one draft
-    token, which the policy then follows as drafting meets it (`observe_draft_ms`). A step that drafts k tokens,
+    The costs are measured at the start (costs.CostMeter): c(q), a q-token forward of the full model, and d, one
+    draft token. The policy then follows both as the decoding loop meets them, its own work included
+    (`observe_draft_ms`, `observe_verify_ms`): on SmolLM2 here the meter's c(2) read c(1) where the loop's 2-token
+    verify took 1.2 c(1), and d read 0.86 c(1) where the loop's draft token took 0.95-1.0. A step that drafts k tokens,
     each accepted with probability a given the ones before it, emits E(k) = 1 + a + ... + a^k tokens for
     k d + c(k + 1) ms, where plain decoding spends E(k) c(1). Before each draft the policy estimates a from what
     verification accepted lately and drafts only if some k beats plain decoding by `min_speedup`; otherwise it
@@ -213,6 +219,14 @@ class CostAwareExit(DraftExit):
         """d as drafting meets it, the loop's own work included: a moving average from the measured start."""
         draft_ms = self.decay * self.costs.draft_ms + (1 - self.decay) * per_token_ms
         self.costs = dataclasses.replace(self.costs, draft_ms=draft_ms)
+
+    def observe_verify_ms(self, tokens: int, ms: float) -> None:
+        """c(tokens) as verification meets it, the loop's own work included: a moving average from the measured
+        start, kept for each q apart (a plain step, every step that drafts nothing, keeps c(1) current)."""
+        verify_ms = list(self.costs.verify_ms)
+        if tokens <= len(verify_ms):
+            verify_ms[tokens - 1] = self.decay * verify_ms[tokens - 1] + (1 - self.decay) * ms
+            self.costs = dataclasses.replace(self.costs, verify_ms=tuple(verify_ms))
 
     def calibrated(self, confidence: float) -> float:
         """P(verification accepts a draft token of this confidence): its bin's rate, shrunk to the overall rate."""

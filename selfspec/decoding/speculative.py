@@ -80,7 +80,10 @@ def decode_steps(model, prompt: list[int], settings: SamplingSettings, drafter: 
     yield generation.start()
     while not generation.finished:
         proposal = value_of(generation.propose())
-        yield generation.conclude(proposal, verify_forward(model, generation.context.cache, proposal))
+        emitted = generation.conclude(proposal, verify_forward(model, generation.context.cache, proposal))
+        if drafter is not None:
+            drafter.observe_verify_ms(emitted.step.drafted + 1, 1000 * emitted.step.verify_s)
+        yield emitted
 
 
 def verify_forward(model, cache: RewindableCache, proposal: Proposal) -> torch.Tensor:

@@ -2,12 +2,12 @@
 returns, and the one-token-at-a-time draft loop that the model drafters share.
 
 The decoding loop (decoding/speculative.py) calls `begin` once per generation, then per step `draft` and, after
-the full model verified the draft, `update`. A drafter that decides its draft length by a draft-exit policy
-(decoding/draft_exit.py) owns it. A new drafter is one new module in this package: the drafter and the
-strategies it implements (its `STRATEGIES`, decoding/registry.py), which join decoding/strategies.py's `REGISTRY`.
-A drafter may also offer `batch_draft(tokens, max_tokens)`, its draft as a generator of `DraftForward`s, so a
-batch (decoding/batch.py) runs the draft forwards of its rows together (the layer-skip chain, layer_skip.py);
-without it, each row drafts on its own.
+the full model verified the draft, `update` (and at batch size 1 `observe_verify_ms`, what the verify took). A
+drafter that decides its draft length by a draft-exit policy (decoding/draft_exit.py) owns it. A new drafter is one
+new module in this package: the drafter and the strategies it implements (its `STRATEGIES`, decoding/registry.py),
+which join decoding/strategies.py's `REGISTRY`. A drafter may also offer `batch_draft(tokens, max_tokens)`, its
+draft as a generator of `DraftForward`s, so a batch (decoding/batch.py) runs the draft forwards of its rows together
+(the layer-skip chain, layer_skip.py); without it, each row drafts on its own.
 """
 
 from dataclasses import dataclass, field
@@ -89,6 +89,10 @@ class Drafter(Protocol):
         is its depth and `path` the accepted nodes' indices, root first (None: a chain, or a replayed step).
         `source` is the verified draft's Draft.source, so a drafter that mixes sources credits the one that drafted."""
 
+    def observe_verify_ms(self, tokens: int, ms: float) -> None:
+        """The last step's verification, `tokens` tokens (the last token and every draft node), took `ms` with the
+        loop's own work; told at batch size 1, after every step, whether it drafted or not."""
+
 
 def cut_at_end(tokens: list[int], end_ids: tuple[int, ...]) -> list[int]:
     """`tokens` up to and including the first end id."""
@@ -119,6 +123,9 @@ class ExitPolicyDrafter:
 
     def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
         self.exit_policy.update(drafted, accepted)
+
+    def observe_verify_ms(self, tokens: int, ms: float) -> None:
+        self.exit_policy.observe_verify_ms(tokens, ms)
 
     def draft_loop(self, next_logits: Callable[[list[int], int], torch.Tensor], tokens: list[int], cached: int,
                    max_tokens: int) -> Draft:

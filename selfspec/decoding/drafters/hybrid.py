@@ -49,6 +49,11 @@ class HybridDrafter:
     def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
         (self.ngram if source == NGRAM else self.fallback).update(drafted, accepted, path, source)
 
+    def observe_verify_ms(self, tokens: int, ms: float) -> None:
+        """Both learn every verify's cost: it is the same full-model forward whoever drafted."""
+        self.ngram.observe_verify_ms(tokens, ms)
+        self.fallback.observe_verify_ms(tokens, ms)
+
 
 def build_self_spec_hybrid(inputs: StrategyInputs) -> HybridDrafter:
     """Both drafters under draft.hybrid_policy: a copy costs no draft forward, so under the cost-aware exit it may

@@ -53,6 +53,10 @@ class NgramDrafter:
         one_hot[range(len(copied)), copied] = 1.0
         return Draft(copied, list(one_hot), NGRAM)
 
+    def observe_verify_ms(self, tokens: int, ms: float) -> None:
+        if self.exit_policy:
+            self.exit_policy.observe_verify_ms(tokens, ms)
+
     def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
         if self.exit_policy:
             self.exit_policy.update(drafted, accepted)

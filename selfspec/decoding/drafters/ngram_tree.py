@@ -64,6 +64,10 @@ class NgramTreeDrafter:
             draft.probs = list(one_hot)
         return draft
 
+    def observe_verify_ms(self, tokens: int, ms: float) -> None:
+        if self.exit_policy:
+            self.exit_policy.observe_verify_ms(tokens, ms)
+
     def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
         if self.exit_policy is None:
             return
