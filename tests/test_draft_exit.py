@@ -75,7 +75,7 @@ def test_cost_aware_policy_carries_what_drafting_taught_into_the_next_generation
     policy.begin()
     assert (pytest.approx(policy.acceptance), policy.bins) == learnt
     assert (policy.idle, policy.wait, policy.confidences, policy.survival, policy.emitted) == (0, 4, [], 1.0, 1.0)
-    assert policy.costs.draft_ms == pytest.approx(0.9 * 5.0 + 0.1 * 15.0)
+    assert policy.costs.draft_ms == pytest.approx((5.0 + 15.0) / 2)
     for _ in range(30):  # a generation of long accepted copies: 0.99 on the weight of ~100 tokens
         policy.update(10, 10)
     policy.begin()  # the next one starts from its rate, on the prior's weight of 2 tokens
@@ -142,9 +142,18 @@ def test_bad_policy_settings(make, message):
 
 
 def test_cost_aware_policy_follows_the_draft_cost_it_meets():
+    """The meter's reading counts as one meeting: a mean of every meeting so far, then a moving average once a
+    meeting's weight would fall below 1 - decay."""
     policy = CostAwareExit(4, costs=DraftCosts((10.0, 12.0), draft_ms=2.0))
     policy.observe_draft_ms(12.0)
-    assert policy.costs.draft_ms == pytest.approx(0.9 * 2.0 + 0.1 * 12.0)
+    assert policy.costs.draft_ms == pytest.approx((2.0 + 12.0) / 2)
+    policy.observe_draft_ms(5.0)
+    assert policy.costs.draft_ms == pytest.approx((2.0 + 12.0 + 5.0) / 3)
+    for _ in range(7):
+        policy.observe_draft_ms(10.0)
+    assert policy.costs.draft_ms == pytest.approx((2.0 + 12.0 + 5.0 + 7 * 10.0) / 10)
+    policy.observe_draft_ms(20.0)
+    assert policy.costs.draft_ms == pytest.approx(0.9 * (89.0 / 10) + 0.1 * 20.0)
     DraftExit(3).observe_draft_ms(5.0)  # the other policies ignore it
 
 
@@ -155,12 +164,25 @@ def test_cost_aware_policy_follows_each_verify_cost_it_meets_and_stops_drafting_
     assert policy.can_pay(1)
     policy.observe_verify_ms(2, 25.0)
     policy.observe_verify_ms(3, 99.0)  # longer than any draft it plans: nothing to follow
-    assert policy.costs.verify_ms == (10.0, pytest.approx(0.9 * 10.0 + 0.1 * 25.0))
+    assert policy.costs.verify_ms == (10.0, pytest.approx((10.0 + 25.0) / 2))
     for _ in range(30):
         policy.observe_verify_ms(2, 25.0)
         policy.observe_verify_ms(1, 10.0)
     assert not policy.can_pay(1) and not any(policy.plan(1) for _ in range(200))
     DraftExit(3).observe_verify_ms(2, 5.0)  # the other policies ignore it
+
+
+def test_a_slow_spell_moves_every_cost_with_the_plain_step():
+    """Plain steps met at twice the measured c(1): d and the wider verifies, met less often, move with them, so a
+    draft that did not pay still does not (had c(1) alone moved, 2 x 20 / (9 + 10) would read 2.1x)."""
+    policy = CostAwareExit(1, costs=DraftCosts((10.0, 10.0), draft_ms=9.0), min_speedup=1.1)
+    assert not policy.can_pay(1)  # 2 x 10 / 19 = 1.05x at best
+    for _ in range(50):
+        policy.observe_verify_ms(1, 20.0)
+    assert policy.costs.verify_ms[0] == pytest.approx(20.0, rel=0.01)
+    assert policy.costs.draft_ms / policy.costs.verify_ms[0] == pytest.approx(0.9)
+    assert policy.costs.verify_ms[1] == pytest.approx(policy.costs.verify_ms[0])
+    assert not policy.can_pay(1)
 
 
 def shaped_after_two_drafts(verify_ms: tuple[float, ...]) -> tuple[CostAwareExit, tuple[list[int], list[int]]]:

@@ -145,6 +145,8 @@ class CostAwareExit(DraftExit):
     branch_counts: dict[Hashable, list[float]] = field(default_factory=dict, init=False)  # key: [accepted, tested]
     branches: list[tuple[int, Hashable]] = field(default_factory=list, init=False)  # the last tree's nodes after
     # its chain: (parent, key)
+    met: dict[int, int] = field(default_factory=dict, init=False)  # how often the loop met each cost: q for c(q),
+    # 0 for d
 
     def __post_init__(self):
         super().__post_init__()
@@ -216,17 +218,32 @@ class CostAwareExit(DraftExit):
         return max(later, default=0.0) <= now
 
     def observe_draft_ms(self, per_token_ms: float) -> None:
-        """d as drafting meets it, the loop's own work included: a moving average from the measured start."""
-        draft_ms = self.decay * self.costs.draft_ms + (1 - self.decay) * per_token_ms
-        self.costs = dataclasses.replace(self.costs, draft_ms=draft_ms)
+        """d as drafting meets it, the loop's own work included (`followed`)."""
+        self.costs = dataclasses.replace(self.costs, draft_ms=self.followed(0, self.costs.draft_ms, per_token_ms))
 
     def observe_verify_ms(self, tokens: int, ms: float) -> None:
-        """c(tokens) as verification meets it, the loop's own work included: a moving average from the measured
-        start, kept for each q apart (a plain step, every step that drafts nothing, keeps c(1) current)."""
+        """c(tokens) as verification meets it, the loop's own work included (`followed`), each q apart. c(1), met at
+        every step that drafts nothing, is the machine's pace: where it moves, every cost moves with it, so that the
+        costs met less often (d, a wider verify) keep their ratio to a plain step, the only thing a speedup reads;
+        else a slow spell would make drafting look cheap."""
+        if tokens > len(self.costs.verify_ms):
+            return
         verify_ms = list(self.costs.verify_ms)
-        if tokens <= len(verify_ms):
-            verify_ms[tokens - 1] = self.decay * verify_ms[tokens - 1] + (1 - self.decay) * ms
+        if tokens > 1:
+            verify_ms[tokens - 1] = self.followed(tokens, verify_ms[tokens - 1], ms)
             self.costs = dataclasses.replace(self.costs, verify_ms=tuple(verify_ms))
+            return
+        pace = self.followed(1, verify_ms[0], ms) / verify_ms[0]
+        self.costs = DraftCosts(tuple(pace * c for c in verify_ms), pace * self.costs.draft_ms)
+
+    def followed(self, key: int, estimate: float, met_ms: float) -> float:
+        """A cost's estimate after the loop met it again at `met_ms`: the meter's reading counts as one meeting, so
+        the first meetings replace it fast (a mean of all so far) and then a moving average (`decay`) follows. The
+        meter times bare forwards; the loop's own work made SmolLM2's draft token 0.95-1.0 c(1) where it read
+        0.86-0.95, which a moving average from the reading took some 20 drafts to learn, drafting at a loss."""
+        self.met[key] = self.met.get(key, 0) + 1
+        weight = max(1 / (self.met[key] + 1), 1 - self.decay)
+        return (1 - weight) * estimate + weight * met_ms
 
     def calibrated(self, confidence: float) -> float:
         """P(verification accepts a draft token of this confidence): its bin's rate, shrunk to the overall rate."""
