@@ -10,7 +10,7 @@ from helpers import (assert_cache_holds, chi_square_pvalue, exact_pair_distribut
                      run_settings)
 
 from selfspec.data.prompt_sets import calibration_texts
-from selfspec.decoding.costs import CostMeter, DraftCosts, timed_ms_each
+from selfspec.decoding.costs import CostMeter, DraftCosts, paced_ms, timed_ms_each
 from selfspec.decoding.draft_exit import AdaptiveExit, CostAwareExit, DraftExit, ThresholdExit
 from selfspec.decoding.drafters import (GenerationContext, HybridDrafter, ModelDrafter, NgramDrafter, SelfDrafter,
                                         ngram_continuation)
@@ -186,6 +186,24 @@ def test_costs_are_timed_round_after_round_so_a_slow_spell_falls_on_every_q(monk
     steps = [lambda q=q: calls.append(q) for q in (1, 2, 3)]
     assert timed_ms_each(steps, repeats=2) == [1000.0] * 3
     assert calls == [1, 2, 3] * 3  # one untimed round, then two timed ones, every step in each
+
+
+def test_a_draft_timed_in_turns_with_a_plain_step_keeps_its_ratio_through_a_slow_spell(monkeypatch):
+    """A draft token takes 1.5 plain steps; in the last four of the seven timed rounds the machine runs 4x slower.
+    Timed alone its median would read the slow spell (6 s); paced, it reads 1.5 x the meter's c(1)."""
+    now, rounds = [0.0], []
+    monkeypatch.setattr("selfspec.decoding.costs.clock", lambda device: now[0])
+
+    def spell():
+        return 4.0 if len(rounds) > 4 else 1.0
+
+    def draft():
+        rounds.append("draft")
+        now[0] += 1.5 * spell()
+
+    def plain():
+        now[0] += 1.0 * spell()
+    assert paced_ms(draft, plain, 40.0, "cpu", repeats=7) == pytest.approx(60.0)
 
 
 def test_cost_aware_strategies_share_one_measurement_and_equal_plain(tiny, prompt):

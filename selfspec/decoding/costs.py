@@ -139,10 +139,11 @@ class CostMeter:
         if skip is None:
             return self.costs_of(None, lambda: 0.0)
         if self.rows == 1 or alone:
-            return self.batches[1].costs_of((skip, id(head)), lambda: measure_draft_ms(self.model, skip, head,
-                                                                                      self.repeats), self.verify_ms)
+            first = self.batches[1]
+            return first.costs_of((skip, id(head)), lambda: measure_draft_ms(self.model, skip, head, self.repeats,
+                                                                             first.verify_ms[0]), self.verify_ms)
         return self.costs_of((skip, id(head)), lambda: measure_batch_draft_ms(self.model, skip, head, self.rows,
-                                                                             self.repeats))
+                                                                             self.repeats, self.verify_ms[0]))
 
     def costs_of(self, key, measure_draft_ms, verify_ms: tuple[float, ...] | None = None) -> DraftCosts:
         """The costs of the drafter `key`, its draft token timed by `measure_draft_ms()` (milliseconds) once; with
@@ -248,10 +249,12 @@ def batch_row_prices(forward_ms: list[float], rows: int) -> list[float]:
     return [forward_ms[0] / rows + max(ms - forward_ms[0], 0.0) for ms in forward_ms]
 
 
-def measure_batch_draft_ms(model, skip: SkipSet, head: DraftHead | None, rows: int,
-                           repeats: int = REPEATS) -> float:
+def measure_batch_draft_ms(model, skip: SkipSet, head: DraftHead | None, rows: int, repeats: int = REPEATS,
+                           plain_ms: float | None = None) -> float:
     """d_B / B: one draft token in each of `rows` rows (B) in one forward, after CONTEXT-token contexts, divided by B:
-    a row's share of a batch's draft forward (decoding/batch.py)."""
+    a row's share of a batch's draft forward (decoding/batch.py). With `plain_ms`, a row's plain step as the meter
+    read it (c_B(1) / B), the draft forward is timed in turns with a plain one and their ratio scales `plain_ms`
+    (`paced_ms`)."""
     cache = _batch_context_cache(model, rows, 1)
 
     def draft_tokens():
@@ -259,11 +262,17 @@ def measure_batch_draft_ms(model, skip: SkipSet, head: DraftHead | None, rows: i
             hidden = torch.cat(forward_rows_hidden(model, cache, list(range(rows)), [[5]] * rows,
                                                    [CONTEXT] * rows))  # (rows, hidden)
             return model_logits(model, hidden) if head is None else head.rows_logits(hidden)
-    return timed_ms(draft_tokens, output_device(model), repeats) / rows
+    if plain_ms is None:
+        return timed_ms(draft_tokens, output_device(model), repeats) / rows
+    return paced_ms(draft_tokens, lambda: forward_batch(model, cache, [[5]] * rows, [CONTEXT] * rows), plain_ms,
+                    output_device(model), repeats)
 
 
-def measure_draft_ms(model, skip: SkipSet, head: DraftHead | None = None, repeats: int = REPEATS) -> float:
-    """d timed directly: one draft token with the skip set (and draft head) after a CONTEXT-token context."""
+def measure_draft_ms(model, skip: SkipSet, head: DraftHead | None = None, repeats: int = REPEATS,
+                     plain_ms: float | None = None) -> float:
+    """d timed directly: one draft token with the skip set (and draft head) after a CONTEXT-token context. With
+    `plain_ms`, c(1) as the meter read it, the draft is timed in turns with a plain step and their ratio scales
+    `plain_ms` (`paced_ms`)."""
     cache = _context_cache(model, 1)
 
     def draft_token():
@@ -272,7 +281,17 @@ def measure_draft_ms(model, skip: SkipSet, head: DraftHead | None = None, repeat
                 forward(model, cache, [5], CONTEXT, last_only=True)
             else:
                 head.logits(forward_hidden(model, cache, [5], CONTEXT))
-    return timed_ms(draft_token, output_device(model), repeats)
+    if plain_ms is None:
+        return timed_ms(draft_token, output_device(model), repeats)
+    return paced_ms(draft_token, lambda: forward(model, cache, [5], CONTEXT), plain_ms, output_device(model), repeats)
+
+
+def paced_ms(step, plain_step, plain_ms: float, device: torch.device | str, repeats: int) -> float:
+    """`step()`'s milliseconds at the pace `plain_ms` was read at: its time over `plain_step()`'s, the two timed in
+    turns (a slow spell falls on both), times `plain_ms`. Timed apart from c(q), SmolLM2's draft token once read
+    76.2 ms beside c(1) = 40.0, so no draft could pay for that run; 34-45 ms in other runs."""
+    step_ms, plain_step_ms = timed_ms_each([step, plain_step], device, repeats)
+    return step_ms / plain_step_ms * plain_ms
 
 
 def measure_step_costs(model, max_q: int, heads: dict[int, DraftHead] | None = None) -> StepCosts:
