@@ -143,7 +143,7 @@ class CostMeter:
             return first.costs_of((skip, id(head)), lambda: measure_draft_ms(self.model, skip, head, self.repeats,
                                                                              first.verify_ms[0]), self.verify_ms)
         return self.costs_of((skip, id(head)), lambda: measure_batch_draft_ms(self.model, skip, head, self.rows,
-                                                                             self.repeats, self.verify_ms[0]))
+                                                                             self.verify_ms[0], self.repeats))
 
     def costs_of(self, key, measure_draft_ms, verify_ms: tuple[float, ...] | None = None) -> DraftCosts:
         """The costs of the drafter `key`, its draft token timed by `measure_draft_ms()` (milliseconds) once; with
@@ -249,12 +249,11 @@ def batch_row_prices(forward_ms: list[float], rows: int) -> list[float]:
     return [forward_ms[0] / rows + max(ms - forward_ms[0], 0.0) for ms in forward_ms]
 
 
-def measure_batch_draft_ms(model, skip: SkipSet, head: DraftHead | None, rows: int, repeats: int = REPEATS,
-                           plain_ms: float | None = None) -> float:
-    """d_B / B: one draft token in each of `rows` rows (B) in one forward, after CONTEXT-token contexts, divided by B:
-    a row's share of a batch's draft forward (decoding/batch.py). With `plain_ms`, a row's plain step as the meter
-    read it (c_B(1) / B), the draft forward is timed in turns with a plain one and their ratio scales `plain_ms`
-    (`paced_ms`)."""
+def measure_batch_draft_ms(model, skip: SkipSet, head: DraftHead | None, rows: int, plain_ms: float,
+                           repeats: int = REPEATS) -> float:
+    """d_B / B: one draft token in each of `rows` rows (B) in one forward, after CONTEXT-token contexts: a row's share
+    of a batch's draft forward (decoding/batch.py). Timed in turns with a plain forward of the rows, their ratio
+    scales `plain_ms`, a row's plain step as the meter read it (c_B(1) / B; `paced_ms`)."""
     cache = _batch_context_cache(model, rows, 1)
 
     def draft_tokens():
@@ -262,8 +261,6 @@ def measure_batch_draft_ms(model, skip: SkipSet, head: DraftHead | None, rows: i
             hidden = torch.cat(forward_rows_hidden(model, cache, list(range(rows)), [[5]] * rows,
                                                    [CONTEXT] * rows))  # (rows, hidden)
             return model_logits(model, hidden) if head is None else head.rows_logits(hidden)
-    if plain_ms is None:
-        return timed_ms(draft_tokens, output_device(model), repeats) / rows
     return paced_ms(draft_tokens, lambda: forward_batch(model, cache, [[5]] * rows, [CONTEXT] * rows), plain_ms,
                     output_device(model), repeats)
 
