@@ -1,7 +1,9 @@
+import dataclasses
+
 import pytest
 
 from selfspec.decoding.costs import DraftCosts
-from selfspec.decoding.draft_exit import AdaptiveExit, CostAwareExit, DraftExit, ThresholdExit
+from selfspec.decoding.draft_exit import AdaptiveExit, CostAwareExit, DraftExit, ThresholdExit, make_exit_policy
 from selfspec.errors import SelfspecError
 from selfspec.settings import default_settings
 
@@ -185,6 +187,32 @@ def test_a_slow_spell_moves_every_cost_with_the_plain_step():
     assert not policy.can_pay(1)
 
 
+def test_a_drafter_whose_best_case_is_within_the_margin_is_neither_used_nor_probed():
+    """d = 0.85 c(1), c flat (SmolLM2's layer-skip draft by the meter here): were every token accepted, 4 drafts would
+    run 5 x 10 / (4 x 8.5 + 10) = 1.14x. Without a margin the policy drafts once drafts are accepted, and probes once
+    they are not; with min_best_speedup 1.2 it does neither."""
+    costs = DraftCosts((10.0,) * 5, draft_ms=8.5)
+    plain = CostAwareExit(4, costs=costs)
+    margin = CostAwareExit(4, costs=costs, min_best_speedup=1.2)
+    assert plain.can_pay(4) and not margin.can_pay(4)
+    for _ in range(20):
+        for policy in (plain, margin):
+            policy.update(4, 4)
+    assert plain.plan(4) == 4 and margin.plan(4) == 0
+    for _ in range(20):
+        plain.update(4, 0)
+    assert sum(plain.plan(4) > 0 for _ in range(100)) >= 2  # probes
+    assert not any(margin.plan(4) for _ in range(100))
+    cheap = CostAwareExit(4, costs=DraftCosts((10.0,) * 5, draft_ms=5.0), min_best_speedup=1.2)
+    assert cheap.can_pay(4)  # 5 x 10 / 30 = 1.67x at best: the margin leaves it
+
+
+def test_make_exit_policy_passes_the_configured_margin():
+    draft = dataclasses.replace(default_settings().draft, min_best_speedup=1.3)
+    policy = make_exit_policy(draft, greedy=True, policy="cost", costs=DraftCosts((10.0, 10.0), 1.0))
+    assert policy.min_best_speedup == 1.3
+
+
 def shaped_after_two_drafts(verify_ms: tuple[float, ...]) -> tuple[CostAwareExit, tuple[list[int], list[int]]]:
     """A 2-token chain (each calibrated at the prior 0.5: P(accepted) 0.5 and 0.25, so E = 1.75 tokens) and two
     offered leaves of probability 0.3: `a` beside the first chain token (gain 0.3), `b` beside the second (0.5 x 0.3
@@ -217,3 +245,4 @@ def test_cost_aware_tree_learns_each_branch_kind_from_the_accepted_path():
     policy.update_tree([0, 3])  # b accepted after the first chain token: a was judged too, and rejected
     assert policy.branch_counts == {"a": [0.0, 1.0], "b": [1.0, 1.0]}
     assert policy.acceptance == pytest.approx(1.9 / 3.8)  # the chain: 1 of 2 judged tokens accepted
+

@@ -27,6 +27,7 @@ def test_searched_skip_path_wins_over_the_models_set():
     (["draft.threshold=high"], "draft.threshold=high is not allowed; it must be a number"),
     (["search=optuna", "search.n_trials=-3"], "search.n_trials=-3 must be >= 1"),
     (["draft.threshold=1.5"], "draft.threshold=1.5 is outside [0, 1]"),
+    (["draft.min_best_speedup=0.9"], "draft.min_best_speedup=0.9 must be >= 1.0"),
     (["sampling.temperature=-1"], "sampling.temperature=-1.0 is negative"),
     (["warmup=maybe"], "warmup=maybe is not allowed; it must be true or false"),
     (["kangaroo.exit_layer=2.5"], "kangaroo.exit_layer=2.5 is not allowed; it must be an integer"),

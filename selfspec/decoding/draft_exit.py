@@ -120,10 +120,10 @@ class CostAwareExit(DraftExit):
     tokens for k d + c(k + 1) ms, where plain decoding spends E(k) c(1). Before each draft the policy estimates a
     from what verification accepted lately and drafts only if some k beats plain decoding by `min_speedup`;
     otherwise it drafts nothing and probes again after 4, 8, ..., 64 steps, so a drafter that stops paying costs at
-    most a probe now and then (and one that could not pay even if every token were accepted is never probed). While
-    drafting, each token's draft confidence, calibrated online against verification in confidence bins, gives the
-    chance that the draft so far survives; drafting stops as soon as no longer draft is expected to raise the step's
-    speedup. Copies from the context count as confidence 1.0, calibrated by the copying drafter's own policy.
+    most a probe now and then (and one that would not beat plain decoding by `min_best_speedup` even if every token
+    were accepted is neither used nor probed: `can_pay`). While drafting, each token's draft confidence, calibrated
+    online against verification in confidence bins, gives the chance that the draft so far survives; drafting stops
+    as soon as no longer draft is expected to raise the step's speedup. Copies from the context count as confidence 1.0, calibrated by the copying drafter's own policy.
 
     Token trees: the planned draft is the tree's chain; the tree drafters offer more nodes (runner-up tokens,
     other copies), each with a key for its kind and a prior, and `shape_tree` keeps those whose expected accepted
@@ -132,6 +132,8 @@ class CostAwareExit(DraftExit):
     """
     costs: DraftCosts
     min_speedup: float = 1.02  # draft only where the expected speedup over plain decoding is at least this
+    min_best_speedup: float = 1.0  # and only with a drafter whose best case (every draft token accepted) is at least
+    # this: draft.min_best_speedup (make_exit_policy); 1.0 adds no margin to min_speedup
     decay: float = 0.9  # weight of the history at each verification (about the last ten steps count)
     accepted_count: float = field(default=PRIOR_TOKENS / 2, init=False)  # decayed count of accepted draft tokens
     tested_count: float = field(default=PRIOR_TOKENS, init=False)  # decayed count of draft tokens verification judged
@@ -187,9 +189,13 @@ class CostAwareExit(DraftExit):
                     for k in range(1, self.longest(max_tokens) + 1)), key=lambda pair: pair[1])
 
     def can_pay(self, max_tokens: int) -> bool:
-        """Whether some draft length would pay if verification accepted every draft token: a drafter whose draft
-        token costs about a full step (the layer-skip draft on SmolLM2 here) never does, and is not even probed."""
-        return any(self.costs.speedup(k + 1, k) >= self.min_speedup for k in range(1, self.longest(max_tokens) + 1))
+        """Whether some draft length would beat plain decoding by `min_best_speedup` (and `min_speedup`) if
+        verification accepted every draft token. A drafter that cannot is neither used nor probed: where even its
+        best case is close to plain decoding, it pays only at an acceptance near 1, and the estimate, drafted on where
+        it runs high, loses more than it wins (SmolLM2's layer-skip draft here: a best case of 1.06x, and 0.94-0.97x
+        where it drafted)."""
+        least = max(self.min_speedup, self.min_best_speedup)
+        return any(self.costs.speedup(k + 1, k) >= least for k in range(1, self.longest(max_tokens) + 1))
 
     def plan(self, max_tokens: int) -> int:
         """The most tokens to draft this step (should_stop ends the draft sooner): 0 when no draft length is
@@ -348,5 +354,5 @@ def make_exit_policy(draft: DraftSettings, greedy: bool, policy: str | None = No
     if policy == "cost":
         if costs is None:
             raise SelfspecError("draft.policy=cost needs the measured costs of its drafter")
-        return CostAwareExit(max_tokens, costs=costs)
+        return CostAwareExit(max_tokens, costs=costs, min_best_speedup=draft.min_best_speedup)
     raise SelfspecError(f"draft.policy={policy!r} is unknown; allowed: fixed, threshold, adaptive, cost")

@@ -132,6 +132,7 @@ class DraftSettings:
     ngram_size: int
     ngram_tokens: int
     target_gate: Optional[float] = None
+    min_best_speedup: float  # the cost-aware exit drafts only with a drafter whose best case beats plain by this
     hybrid_policy: Optional[str]  # self_spec_hybrid's and the tree strategies' policy; None: `policy`
     tree_nodes: int  # token-tree strategies (`*_tree`): most nodes per tree, longest branch, most children per node,
     tree_depth: int
@@ -149,6 +150,7 @@ class DraftSettings:
         at_least("vocab_size", self.vocab_size, 1)
         at_least("ngram_size", self.ngram_size, 1)
         at_least("ngram_tokens", self.ngram_tokens, 1)
+        at_least("min_best_speedup", self.min_best_speedup, 1.0)
         for name in ("tree_nodes", "tree_depth", "tree_width"):
             at_least(name, getattr(self, name), 1)
         in_unit("tree_branch_below", self.tree_branch_below)
