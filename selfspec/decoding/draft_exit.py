@@ -121,7 +121,7 @@ class CostAwareExit(DraftExit):
     from what verification accepted lately and drafts only if some k beats plain decoding by `min_speedup`;
     otherwise it drafts nothing and probes again after 4, 8, ..., 64 steps, so a drafter that stops paying costs at
     most a probe now and then (and one that would not beat plain decoding by `min_best_speedup` even if every token
-    were accepted is neither used nor probed: `can_pay`). While drafting, each token's draft confidence, calibrated
+    were accepted drafts only a 1-token probe every 64 steps: `can_pay`). While drafting, each token's draft confidence, calibrated
     online against verification in confidence bins, gives the chance that the draft so far survives; drafting stops
     as soon as no longer draft is expected to raise the step's speedup. Copies from the context count as confidence 1.0, calibrated by the copying drafter's own policy.
 
@@ -133,7 +133,7 @@ class CostAwareExit(DraftExit):
     costs: DraftCosts
     min_speedup: float = 1.02  # draft only where the expected speedup over plain decoding is at least this
     min_best_speedup: float = 1.0  # and only with a drafter whose best case (every draft token accepted) is at least
-    # this: draft.min_best_speedup (make_exit_policy); 1.0 adds no margin to min_speedup
+    # this: draft.min_best_speedup (make_exit_policy; 1.2); 1.0 adds no margin to min_speedup
     decay: float = 0.9  # weight of the history at each verification (about the last ten steps count)
     accepted_count: float = field(default=PRIOR_TOKENS / 2, init=False)  # decayed count of accepted draft tokens
     tested_count: float = field(default=PRIOR_TOKENS, init=False)  # decayed count of draft tokens verification judged
@@ -190,7 +190,7 @@ class CostAwareExit(DraftExit):
 
     def can_pay(self, max_tokens: int) -> bool:
         """Whether some draft length would beat plain decoding by `min_best_speedup` (and `min_speedup`) if
-        verification accepted every draft token. A drafter that cannot is neither used nor probed: where even its
+        verification accepted every draft token. A drafter that cannot only probes (`plan`): where even its
         best case is close to plain decoding, it pays only at an acceptance near 1, and the estimate, drafted on where
         it runs high, loses more than it wins (SmolLM2's layer-skip draft here: a best case of 1.06x, and 0.94-0.97x
         where it drafted)."""
@@ -199,11 +199,20 @@ class CostAwareExit(DraftExit):
 
     def plan(self, max_tokens: int) -> int:
         """The most tokens to draft this step (should_stop ends the draft sooner): 0 when no draft length is
-        expected to pay, except every `wait` steps (a probe, so that the estimate can recover), and always 0 when
-        drafting cannot pay at all (`can_pay`)."""
+        expected to pay, except every `wait` steps (a probe, so that the estimate can recover). A drafter that cannot
+        pay at all (`can_pay`) drafts a single token every 64 idle steps, so that it meets its costs again: idle, it
+        meets only c(1), which moves every cost alike, so costs met in a slow spell while it drafted would keep it
+        idle for good (Gemma-3's layer-skip draft with a margin of 1.3 here). What it met before is stale by then, so
+        the probe's reading weighs as much (`followed`). Such a probe costs SmolLM2's layer-skip draft about 0.4 of a
+        plain step."""
         self.confidences, self.survival, self.emitted, self.branches = [], 1.0, 1.0, []
         if not self.can_pay(max_tokens):
-            return 0
+            self.idle += 1
+            if self.idle < LAST_WAIT:
+                return 0
+            self.idle = 0
+            self.met.pop(0, None), self.met.pop(2, None)  # stale after 64 steps: the probe's d and c(2) weigh as much
+            return 1
         if self.best_length(max_tokens)[1] >= self.min_speedup:
             self.idle, self.wait = 0, FIRST_WAIT
             return self.longest(max_tokens)
