@@ -121,9 +121,10 @@ class CostAwareExit(DraftExit):
     from what verification accepted lately and drafts only if some k beats plain decoding by `min_speedup`;
     otherwise it drafts nothing and probes again after 4, 8, ..., 64 steps, so a drafter that stops paying costs at
     most a probe now and then (and one that would not beat plain decoding by `min_best_speedup` even if every token
-    were accepted drafts only a 1-token probe every 64 steps: `can_pay`). While drafting, each token's draft confidence, calibrated
-    online against verification in confidence bins, gives the chance that the draft so far survives; drafting stops
-    as soon as no longer draft is expected to raise the step's speedup. Copies from the context count as confidence 1.0, calibrated by the copying drafter's own policy.
+    were accepted drafts only a 1-token probe every 64 steps: `can_pay`). While drafting, each token's draft
+    confidence, calibrated online against verification in confidence bins, gives the chance that the draft so far
+    survives; drafting stops as soon as no longer draft is expected to raise the step's speedup. Copies from the
+    context count as confidence 1.0, calibrated by the copying drafter's own policy.
 
     Token trees: the planned draft is the tree's chain; the tree drafters offer more nodes (runner-up tokens,
     other copies), each with a key for its kind and a prior, and `shape_tree` keeps those whose expected accepted
@@ -144,6 +145,7 @@ class CostAwareExit(DraftExit):
     emitted: float = field(default=1.0, init=False)  # expected tokens the step emits if drafting stops now
     idle: int = field(default=0, init=False)  # steps since drafting last paid or was probed
     wait: int = field(default=FIRST_WAIT, init=False)
+    unpaid: int = field(default=0, init=False)  # steps in a row that could not pay (can_pay), across generations
     branch_decay: float = 0.97  # weight of a tree node kind's history at each verification (about 30 steps)
     branch_counts: dict[Hashable, list[float]] = field(default_factory=dict, init=False)  # key: [accepted, tested]
     branches: list[tuple[int, Hashable]] = field(default_factory=list, init=False)  # the last tree's nodes after
@@ -190,29 +192,31 @@ class CostAwareExit(DraftExit):
 
     def can_pay(self, max_tokens: int) -> bool:
         """Whether some draft length would beat plain decoding by `min_best_speedup` (and `min_speedup`) if
-        verification accepted every draft token. A drafter that cannot only probes (`plan`): where even its
-        best case is close to plain decoding, it pays only at an acceptance near 1, and the estimate, drafted on where
-        it runs high, loses more than it wins (SmolLM2's layer-skip draft here: a best case of 1.06x, and 0.94-0.97x
-        where it drafted)."""
+        verification accepted every draft token. A drafter that cannot only probes (`plan`): where even its best case
+        is close to plain decoding, it pays only at an acceptance near 1, and the estimate, drafted on where it runs
+        high, loses more than it wins (SmolLM2's layer-skip draft here: a best case of 1.06x, and 0.94-0.97x where it
+        drafted)."""
         least = max(self.min_speedup, self.min_best_speedup)
         return any(self.costs.speedup(k + 1, k) >= least for k in range(1, self.longest(max_tokens) + 1))
 
     def plan(self, max_tokens: int) -> int:
         """The most tokens to draft this step (should_stop ends the draft sooner): 0 when no draft length is
         expected to pay, except every `wait` steps (a probe, so that the estimate can recover). A drafter that cannot
-        pay at all (`can_pay`) drafts a single token every 64 idle steps, so that it meets its costs again: idle, it
-        meets only c(1), which moves every cost alike, so costs met in a slow spell while it drafted would keep it
-        idle for good (Gemma-3's layer-skip draft with a margin of 1.3 here). What it met before is stale by then, so
-        the probe's reading weighs as much (`followed`). Such a probe costs SmolLM2's layer-skip draft about 0.4 of a
-        plain step."""
+        pay at all (`can_pay`) drafts a single token every 64 such steps in a row, counted across generations (answers
+        are often shorter), so that it meets its costs again: idle, it meets only c(1), which moves every cost alike,
+        so costs met in a slow spell while it drafted would keep it idle for good (Gemma-3's layer-skip draft with a
+        margin of 1.3 here). What it met before is stale by then, so the probe's reading weighs as much (`followed`).
+        Such a probe costs SmolLM2's layer-skip draft about 0.4 of a plain step."""
         self.confidences, self.survival, self.emitted, self.branches = [], 1.0, 1.0, []
         if not self.can_pay(max_tokens):
-            self.idle += 1
-            if self.idle < LAST_WAIT:
+            self.unpaid += 1
+            if self.unpaid < LAST_WAIT:
                 return 0
-            self.idle = 0
-            self.met.pop(0, None), self.met.pop(2, None)  # stale after 64 steps: the probe's d and c(2) weigh as much
+            self.unpaid = 0
+            for stale in (0, 2):  # d and c(2), met 64 steps ago or more: the probe's reading weighs as much
+                self.met.pop(stale, None)
             return 1
+        self.unpaid = 0
         if self.best_length(max_tokens)[1] >= self.min_speedup:
             self.idle, self.wait = 0, FIRST_WAIT
             return self.longest(max_tokens)
