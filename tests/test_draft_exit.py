@@ -180,7 +180,8 @@ def test_cost_aware_policy_follows_the_draft_cost_it_meets():
 
 def test_cost_aware_policy_follows_each_verify_cost_it_meets_and_stops_drafting_where_it_no_longer_pays():
     """The meter read c(2) = c(1) (SmolLM2 here: its pooled medians), the loop's 2-token verify takes 2.5 c(1): a
-    1-token draft that paid 2 x 10 / 12 = 1.67x at full acceptance then pays 20 / 27 = 0.74x, and is not probed."""
+    1-token draft that paid 2 x 10 / 12 = 1.67x at full acceptance then pays 20 / 27 = 0.74x: nothing for 63 steps,
+    then only the 1-token probe of a drafter that cannot pay."""
     policy = CostAwareExit(1, costs=DraftCosts((10.0, 10.0), draft_ms=2.0))
     assert policy.can_pay(1)
     policy.observe_verify_ms(2, 25.0)
