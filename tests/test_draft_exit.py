@@ -267,7 +267,6 @@ def test_cost_aware_tree_learns_each_branch_kind_from_the_accepted_path():
     assert policy.acceptance == pytest.approx(1.9 / 3.8)  # the chain: 1 of 2 judged tokens accepted
 
 
-
 def test_the_probe_of_a_drafter_that_cannot_pay_counts_its_steps_across_generations():
     """Answers shorter than 64 steps (SmolLM2's qa: 7-37) still see the probe, every 64 steps over all of them."""
     policy = CostAwareExit(4, costs=DraftCosts((10.0, 12.0, 14.0, 16.0, 18.0), draft_ms=10.0))
