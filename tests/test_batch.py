@@ -64,6 +64,21 @@ def test_rows_as_wide_run_as_a_batch_and_each_gets_its_own_logits(family):
         torch.testing.assert_close(logits, forward(model, alone[row], blocks[row], starts[row]))
 
 
+@pytest.mark.parametrize("family", ["llama", "gemma2", "gemma3"])
+def test_a_prompt_fed_beside_another_rows_draft_is_its_prefill(family):
+    """A joining row's prefill in a step's forward: a 31-token prompt (past the 8-token sliding window) beside a
+    row's 3-token chain gives the last position's logits of its batch-1 prefill, and cache entries on which the next
+    token's logits agree too."""
+    model = tiny_model(family, sliding_window=8).double()
+    batch, alone, prompt = BatchCache(model, 2, 48), new_cache(model, 48), PROMPTS[3]
+    forward(model, batch.view(0), PROMPTS[1], 0)
+    joining = batch.view(1)
+    logits = forward_batch(model, batch, [[7, 8, 9], prompt], [len(PROMPTS[1]), 0], last_only=[1])
+    assert [len(row) for row in logits] == [3, 1]
+    torch.testing.assert_close(logits[1], forward(model, alone, prompt, 0, last_only=True))
+    torch.testing.assert_close(forward(model, joining, [42], len(prompt)), forward(model, alone, [42], len(prompt)))
+
+
 def test_the_batch_forward_feeds_only_the_rows_tokens_never_padding(tiny):
     """A 5-token block beside two 1-token blocks: the layers see 7 tokens, not 3 rows x 5."""
     batch = BatchCache(tiny, 3, 48)
@@ -105,15 +120,13 @@ def test_generations_join_and_leave_between_steps(tiny):
     the others decode as alone."""
     settings = replace(GREEDY, max_new_tokens=12)
     batch = DecodingBatch(tiny, 3, 64)
-    outputs = {}
-    first, emitted = batch.add(PROMPTS[0], settings, SelfDrafter(tiny, make_skip_set([1], [], 6), DraftExit(3)))
-    outputs[id(first)] = list(emitted.tokens)
-    second, emitted = batch.add(PROMPTS[1], settings)
-    outputs[id(second)] = list(emitted.tokens)
+    first = batch.add(PROMPTS[0], settings, SelfDrafter(tiny, make_skip_set([1], [], 6), DraftExit(3)))
+    second = batch.add(PROMPTS[1], settings)
+    outputs = {id(first): [], id(second): []}
     for step in range(6):
         if step == 2:
-            late, emitted = batch.add(PROMPTS[2], settings, NgramDrafter(tiny, 1, 4))
-            outputs[id(late)] = list(emitted.tokens)
+            late = batch.add(PROMPTS[2], settings, NgramDrafter(tiny, 1, 4))
+            outputs[id(late)] = []
         if step == 3:
             batch.remove(first)  # its client went away: its slot goes to the last row
         for generation, emitted in batch.step():
@@ -216,8 +229,8 @@ def test_bad_batches_end_in_one_line(tiny):
 
 
 def test_rows_drafting_with_one_skip_set_run_their_draft_forwards_together(tiny):
-    """Three layer-skip rows drafting 3 tokens each: 3 draft forwards and 1 verify forward a step, not 3 x 3 + 1;
-    the outputs stay the plain ones."""
+    """Three layer-skip rows drafting 3 tokens each: their prefills run in one forward, then a step makes 3 draft
+    forwards and 1 verify forward, not 3 x 3 + 1."""
     settings = replace(GREEDY, max_new_tokens=10)
     batch = DecodingBatch(tiny, 3, 64)
     prompts = PROMPTS[:3]
@@ -226,11 +239,43 @@ def test_rows_drafting_with_one_skip_set_run_their_draft_forwards_together(tiny)
     forwards = []
     hook = tiny.model.register_forward_hook(lambda *args: forwards.append(1))
     try:
+        joined = batch.step()
         emitted = batch.step()
     finally:
         hook.remove()
+    assert [e.step for _, e in joined] == [None] * 3  # the prefills
     assert [e.step.drafted for _, e in emitted] == [3, 3, 3]
-    assert len(forwards) == 4
+    assert len(forwards) == 1 + 4
+
+
+def test_a_joining_rows_prefill_runs_in_the_steps_one_forward(tiny):
+    """Two rows decode plainly and a third joins: the next step makes one forward, which verifies the two and runs
+    the third's prefill, and emits a token for each of the three; every row decodes as it would alone."""
+    settings = replace(GREEDY, max_new_tokens=8)
+    batch = DecodingBatch(tiny, 3, 64)
+    rows = [batch.add(prompt, settings) for prompt in PROMPTS[:2]]
+    outputs = {id(row): [] for row in rows}
+    for _ in range(3):
+        for generation, emitted in batch.step():
+            emitted.onto(outputs[id(generation)])
+    late = batch.add(PROMPTS[3], settings)
+    outputs[id(late)] = []
+    forwards = []
+    hook = tiny.model.register_forward_hook(lambda *args: forwards.append(1))
+    try:
+        emitted = batch.step()
+    finally:
+        hook.remove()
+    assert len(forwards) == 1
+    assert [(generation, len(e.tokens), e.step is None) for generation, e in emitted] == [
+        (rows[0], 1, False), (rows[1], 1, False), (late, 1, True)]
+    for generation, e in emitted:
+        e.onto(outputs[id(generation)])
+    while batch.rows:
+        for generation, e in batch.step():
+            e.onto(outputs[id(generation)])
+    for generation, prompt in zip([*rows, late], [*PROMPTS[:2], PROMPTS[3]]):
+        assert outputs[id(generation)] == generate(tiny, prompt, settings).new_tokens
 
 
 def test_a_row_pays_for_its_draft_forwards_split_among_the_rows_that_ran_them(tiny, monkeypatch):
@@ -253,5 +298,6 @@ def test_a_row_pays_for_its_draft_forwards_split_among_the_rows_that_ran_them(ti
     skip = make_skip_set([1], [2], 6)
     for row, (prompt, max_tokens) in enumerate(zip(PROMPTS[:2], (3, 1))):
         batch.add(prompt, replace(GREEDY, max_new_tokens=10), SelfDrafter(tiny, skip, Recording(row, max_tokens)))
+    batch.step()  # the prefills
     batch.step()
     assert observed[0] == [pytest.approx(3000 / 3 * (0.5 + 1 + 1) / 3)] and observed[1] == [pytest.approx(500)]

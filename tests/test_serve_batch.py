@@ -1,8 +1,8 @@
 """The continuously batching server (serve/batcher.py): in this process, requests of different strategies and sampling
-modes decode in one batch each as alone, join and leave it between steps, and a failing prefill ends its own request
-only; through a `run.py task=serve` subprocess, concurrent streams share the batch (/health counts it) and each gets
-its reply alone, a client that disconnects leaves the batch while the others finish, and bad requests beside them
-get their 4xx. One request at a time (serve.max_batch=1) and the 429 of a full queue: tests/test_serve.py."""
+modes decode in one batch each as alone, join and leave it between steps, and a request that cannot join ends
+alone; through a `run.py task=serve` subprocess, concurrent streams share the batch (/health counts it) and each
+gets its reply alone, a client that disconnects leaves the batch while the others finish, and bad requests beside
+them get their 4xx. One request at a time (serve.max_batch=1) and the 429 of a full queue: tests/test_serve.py."""
 
 import json
 import time
@@ -94,13 +94,13 @@ def test_requests_of_other_strategies_and_modes_join_the_running_batch_and_decod
 
 
 @pytest.mark.slow  # seconds of tiny-model decoding
-def test_a_failing_prefill_ends_its_own_request_and_the_batch_decodes_on(decoders):
+def test_a_request_that_cannot_join_ends_alone_and_the_batch_decodes_on(decoders):
     hybrid = decoders["self_spec_hybrid"]
     with batcher(decoders, 3) as running:
         rows = [running.row(hybrid.job(prompt, NEW_TOKENS)).emitted() for prompt in LONG_PROMPTS[:2]]
         outputs = [tokens([next(row)]) for row in rows]
         too_long = running.row(hybrid.job("x" * 100, NEW_TOKENS)).emitted()  # longer than the rows' cache
-        with pytest.raises(DecodingFailed, match="the prefill failed: a prompt of 100 tokens"):
+        with pytest.raises(DecodingFailed, match="could not join the batch: a prompt of 100 tokens"):
             next(too_long)
         assert running.size == 2
         for output, row in zip(outputs, rows):

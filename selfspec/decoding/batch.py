@@ -2,11 +2,12 @@
 verifying every row's proposal at the row's own length.
 
 Each row is a `Generation` (decoding/speculative.py) over its row of one `BatchCache` (models/batch_cache.py): its
-prefill, its drafter's forwards, rewinds and tree compaction are the batch-1 code on a batch-1 view of that row. A
-step asks every row for its proposal (a draft, or nothing: a plain step), feeds all of them in one forward, and
-hands each row its own logits to verify as at batch size 1, so a row's output is the one it would have alone.
-A row that ends leaves at once (its slot goes to the last row), and a new generation may join between steps
-(`add`): a server batches continuously with this.
+drafter's forwards, rewinds and tree compaction are the batch-1 code on a batch-1 view of that row. A step asks
+every row for its proposal (a draft, or nothing: a plain step), feeds all of them in one forward, and hands each
+row its own logits to verify as at batch size 1, so a row's output is the one it would have alone. A row that ends
+leaves at once (its slot goes to the last row), and a new generation may join between steps (`add`): its prefill
+is a block of the next step's forward, so the other rows do not wait a step for it. A server batches continuously
+with this.
 """
 
 from collections import deque
@@ -21,6 +22,7 @@ from selfspec.decoding.speculative import Generation, Tally, needed_length
 from selfspec.decoding.text_rules import TextRules
 from selfspec.decoding.verify import Emitted, Proposal
 from selfspec.errors import SelfspecError
+from selfspec.models.attention_masks import chain
 from selfspec.models.batch_cache import BatchCache, forward_batch, forward_rows_hidden
 from selfspec.models.devices import output_device
 from selfspec.models.output_layer import model_logits
@@ -38,6 +40,7 @@ class DecodingBatch:
         self.model = model
         self.cache = BatchCache(model, capacity, max_len)
         self.rows: list[Generation] = []  # rows[i] decodes over the cache's row i
+        self.joining: set[Generation] = set()  # the rows whose prefill the next step runs
 
     @property
     def full(self) -> bool:
@@ -46,36 +49,44 @@ class DecodingBatch:
     def add(self, prompt: list[int], settings: SamplingSettings, drafter: Drafter | None = None,
             end_ids: tuple[int, ...] = (), generator: torch.Generator | None = None,
             target_gate: float | None = None, rules: TextRules | None = None,
-            top_logprobs: int | None = None) -> tuple[Generation, Emitted]:
-        """A new generation joins: its prefill runs now, alone; it steps with the others from the next `step`."""
+            top_logprobs: int | None = None) -> Generation:
+        """A new generation joins. Its prefill runs in the next `step`'s forward, beside the other rows'
+        verifications, and that step emits its first token."""
         if self.full:
             raise SelfspecError(f"the batch is full ({self.cache.capacity} generations)")
         generation = Generation(self.model, prompt, settings, drafter, end_ids, generator, target_gate, rules,
                                 top_logprobs, cache=self.cache.view(len(self.rows)))
-        emitted = generation.start()
-        if not generation.finished:
-            self.rows.append(generation)
-        return generation, emitted
+        generation.begin()
+        self.rows.append(generation)
+        self.joining.add(generation)
+        return generation
 
     def step(self) -> list[tuple[Generation, Emitted]]:
-        """Every row drafts, one forward verifies all rows; returns what each row emitted. Rows that end leave."""
-        proposals = self._propose()
+        """Every decoding row drafts, one forward verifies them all and runs the joining rows' prefills; returns what
+        each row emitted. Rows that end leave."""
+        proposals = self._propose()  # None: a joining row
         start = clock(output_device(self.model))  # every row's verification starts with the shared forward
-        proposals = [replace(proposal, verify_start=start) for proposal in proposals]
-        logits = forward_batch(self.model, self.cache, [p.ids for p in proposals], [p.start for p in proposals],
-                               [p.block for p in proposals])
-        emitted = [(generation, generation.conclude(proposal, row_logits))
+        proposals = [proposal and replace(proposal, verify_start=start) for proposal in proposals]
+        feeds = [(p.ids, p.start, p.block) if p is not None else (generation.prompt, 0, chain(len(generation.prompt)))
+                 for generation, p in zip(self.rows, proposals)]  # per row: (its block's ids, cache index, parents)
+        blocks, starts, parents = map(list, zip(*feeds))
+        prefills = [row for row, proposal in enumerate(proposals) if proposal is None]
+        logits = forward_batch(self.model, self.cache, blocks, starts, parents, last_only=prefills)
+        emitted = [(generation, generation.conclude(proposal, row_logits) if proposal is not None
+                    else replace(generation.prefilled(row_logits), began=start))
                    for generation, proposal, row_logits in zip(self.rows, proposals, logits)]
+        self.joining.clear()
         for generation, _ in emitted:
             if generation.finished:
                 self.remove(generation)
         return emitted
 
-    def _propose(self) -> list[Proposal]:
-        """Every row's proposal. The rows whose drafters draft with the same skip set run their draft forwards
-        together, one packed forward a draft token (DraftForward); one skip set's rows draft to the end before
-        another's start."""
-        steps = [generation.propose(in_batch=True) for generation in self.rows]
+    def _propose(self) -> list[Proposal | None]:
+        """Every row's proposal, None for a joining row (its prefill is its block). The rows whose drafters draft
+        with the same skip set run their draft forwards together, one packed forward a draft token (DraftForward);
+        one skip set's rows draft to the end before another's start."""
+        steps = {row: generation.propose(in_batch=True) for row, generation in enumerate(self.rows)
+                 if generation not in self.joining}
         pending: dict[int, DraftForward] = {}  # row -> its next draft forward
         proposals: list[Proposal | None] = [None] * len(self.rows)
 
@@ -85,7 +96,7 @@ class DecodingBatch:
             except StopIteration as done:
                 proposals[row] = done.value
 
-        for row in range(len(self.rows)):
+        for row in steps:
             advance(row, None)
         key = None
         while pending:
@@ -110,6 +121,7 @@ class DecodingBatch:
             self.cache.move(last, row)
             self.rows[row] = self.rows[last]
         self.rows.pop()
+        self.joining.discard(generation)
 
 
 def batch_length(prompts: list[list[int]], settings: SamplingSettings, drafters: list[Drafter | None]) -> int:
@@ -124,7 +136,8 @@ def decode_batch_steps(model, prompts: list[list[int]], settings: SamplingSettin
                        rules: TextRules | None = None, top_logprobs: int | None = None, rows: int | None = None
                        ) -> Iterator[tuple[int, Emitted]]:
     """Decode `prompts` in a batch of `rows` rows (None: all together), one generator per prompt; yields (prompt
-    index, what it emitted) as decode_steps does for one prompt, each prompt's prefill first. `drafters`: one per
+    index, what it emitted) as decode_steps does for one prompt, each prompt's prefill first (in the step it
+    joins). `drafters`: one per
     row (None: plain decoding). With fewer rows than prompts the batch starts with the first prompts, and as a row
     ends the next prompt joins in its place, with its drafter (decoding as a server batches, never with an idle row
     while prompts wait)."""
@@ -141,18 +154,13 @@ def decode_batch_steps(model, prompts: list[list[int]], settings: SamplingSettin
     while waiting or batch.rows:
         while waiting and not batch.full:  # free rows take the next prompts
             index, drafter = waiting.popleft(), free.pop(0)
-            generation, emitted = batch.add(prompts[index], settings, drafter, end_ids, generators[index],
-                                            target_gate, rules, top_logprobs)
-            yield index, emitted
-            if generation.finished:  # it ended at its prefill
-                free.append(drafter)
-            else:
-                holder[generation] = index, drafter
-        if batch.rows:
-            for generation, emitted in batch.step():
-                yield holder[generation][0], emitted
-                if generation.finished:
-                    free.append(holder.pop(generation)[1])
+            generation = batch.add(prompts[index], settings, drafter, end_ids, generators[index], target_gate, rules,
+                                   top_logprobs)
+            holder[generation] = index, drafter
+        for generation, emitted in batch.step():
+            yield holder[generation][0], emitted
+            if generation.finished:
+                free.append(holder.pop(generation)[1])
 
 
 def generate_batch(model, prompts: list[list[int]], settings: SamplingSettings,
@@ -162,15 +170,13 @@ def generate_batch(model, prompts: list[list[int]], settings: SamplingSettings,
     """`generate` for several prompts in a batch of `rows` (decode_batch_steps): one result per prompt, each timed
     from just before its prefill to the step that ended it, with the prompts it shared the batch with."""
     device = output_device(model)
-    now = clock(device)
     tallies: dict[int, Tally] = {}
     spans: dict[int, list[int]] = {}  # prompt -> [its first event, its last event]
     for event, (i, emitted) in enumerate(decode_batch_steps(model, prompts, settings, drafters, end_ids,
                                                             generators, target_gate, rules, rows=rows)):
-        if i not in tallies:  # its prefill, which began at `now`
-            tallies[i], spans[i] = Tally(now), [event, event]
-        now = clock(device)
-        tallies[i].add(emitted, now)
+        if i not in tallies:  # its prefill, in the step that began at `emitted.began`
+            tallies[i], spans[i] = Tally(emitted.began), [event, event]
+        tallies[i].add(emitted, clock(device))
         spans[i][1] = event
     results = [tallies[i].result(end_ids) for i in range(len(prompts))]
     for i, result in enumerate(results):

@@ -118,9 +118,18 @@ class Generation:
 
     def start(self) -> Emitted:
         """The prefill: the prompt through the full model, and the first new token."""
+        self.begin()
+        emitted, self.confidence = prefill(self.model, self.context, self.prompt)
+        return self._apply(emitted)
+
+    def begin(self) -> None:
+        """Ready the drafter for this generation, before the prefill (a drafter may keep what the prefill computes)."""
         if self.drafter is not None:
             self.drafter.begin(self.context)
-        emitted, self.confidence = prefill(self.model, self.context, self.prompt)
+
+    def prefilled(self, logits: torch.Tensor) -> Emitted:
+        """The first new token, from the full model's `logits` (1, vocab) at the prompt's last position."""
+        emitted, self.confidence = first_token(self.context, self.prompt, logits)
         return self._apply(emitted)
 
     def propose(self, in_batch: bool = False) -> Generator[DraftForward, torch.Tensor, Proposal]:
@@ -164,7 +173,12 @@ def settled(context: GenerationContext, emitted: Emitted) -> Emitted:
 
 def prefill(model, context: GenerationContext, prompt: list[int]) -> tuple[Emitted, float]:
     """Run the prompt through the full model; return the first new token and its probability."""
-    logits = forward(model, context.cache, prompt, 0, last_only=True)  # (1, vocab)
+    return first_token(context, prompt, forward(model, context.cache, prompt, 0, last_only=True))
+
+
+def first_token(context: GenerationContext, prompt: list[int], logits: torch.Tensor) -> tuple[Emitted, float]:
+    """The first new token and its probability, from the full model's `logits` (1, vocab) at the prompt's last
+    position."""
     target = scores(logits, prompt, len(prompt), context.processor)  # (1, vocab)
     probs = torch.softmax(target[0], dim=-1)  # (vocab,)
     token = int(probs.argmax()) if context.settings.greedy else sample(probs, context.generator)

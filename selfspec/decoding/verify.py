@@ -35,6 +35,7 @@ class Emitted:
     rolled_back: int = 0  # then this many tokens came off the output's end: a banned word completed
     stopped: bool = False  # a stop string completed: the output ends here
     open_tokens: int = 0  # tokens at the output's end that a banned word may still roll back (streams hold them)
+    began: float | None = None  # a prefill run in a batch's step: the clock when that step began (decoding/batch.py)
 
     def onto(self, output: list[int]) -> None:
         """Add this step's tokens to `output`, then take the rolled-back ones off its end."""

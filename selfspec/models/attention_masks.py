@@ -33,6 +33,19 @@ def ancestry(parents: list[int]) -> list[list[int]]:
     return seen
 
 
+def tree_view(parents: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(width, width) bool, True where block token j (row) sees block token i (column): its ancestors and itself;
+    and the (width,) depths."""
+    width = len(parents)
+    if parents == chain(width):  # a prompt or a draft chain: each token sees those before it
+        return torch.ones(width, width, dtype=torch.bool).tril(), torch.arange(width)
+    seen = ancestry(parents)
+    visible = torch.zeros(width, width, dtype=torch.bool)
+    for j, block_indices in enumerate(seen):
+        visible[j, block_indices] = True
+    return visible, torch.tensor([len(s) - 1 for s in seen])
+
+
 def block_mask(parents: list[list[int]], starts: list[int], key_end: int, dtype: torch.dtype, device,
                sliding_window: int | None = None, first: int = 0) -> torch.Tensor:
     """(rows, 1, width, key_end - first) additive mask, 0 where a block token may attend and the dtype's minimum
@@ -43,12 +56,10 @@ def block_mask(parents: list[list[int]], starts: list[int], key_end: int, dtype:
     query_positions = torch.zeros(len(parents), width, dtype=torch.long)
     key_positions = torch.arange(first, key_end).repeat(len(parents), 1)  # (rows, keys): a prefix key's is its index
     for row, (block, start) in enumerate(zip(parents, starts)):
-        seen = ancestry(block)
-        depths = [len(s) - 1 for s in seen]
+        visible, depths = tree_view(block)
         allowed[row, :, :start - first] = True
-        for j, block_indices in enumerate(seen):
-            allowed[row, j, [start - first + i for i in block_indices]] = True
-        query_positions[row] = start + torch.tensor(depths)
+        allowed[row, :, start - first:start - first + width] = visible
+        query_positions[row] = start + depths
         key_positions[row, start - first:start - first + width] = query_positions[row]
     if sliding_window is not None:
         allowed &= key_positions[:, None, :] > query_positions[:, :, None] - sliding_window
@@ -60,7 +71,7 @@ def block_positions(parents: list[list[int]], starts: list[int], device) -> torc
     """(rows, width) position ids: start + depth per block token."""
     positions = torch.zeros(len(parents), block_width(parents), dtype=torch.long)
     for row, (block, start) in enumerate(zip(parents, starts)):
-        positions[row] = start + torch.tensor([len(s) - 1 for s in ancestry(block)])
+        positions[row] = start + tree_view(block)[1]
     return positions.to(device)
 
 

@@ -2,14 +2,14 @@
 
 Each layer holds (capacity, kv_heads, max_len, dim) buffers. Every generation decodes over its row as over a cache
 of its own: `view(row)` is a batch-1 `RewindableCache` whose buffers are that row of the batch's (views, no copy),
-so prefills, drafts, rewinds and tree compaction run per row exactly as at batch size 1. `forward_rows_hidden` then feeds
-some rows one block each (the last token and its draft) at each row's own cache index in one forward, packed: the
-blocks one after another in one sequence, so the linear layers see only the tokens fed, never padding (a row that
-drafts 8 tokens beside three that draft none makes a forward of 12 tokens, not 4 x 9). Attention runs per row
-(`rows_attention`): the row's queries over its own keys, under its own mask (models/attention_masks.py: prefix,
-block and, on sliding-window layers, window), by the model's own attention function, switched in through
-transformers' AttentionInterface for that forward. A row that leaves gives its slot to the batch's last row
-(`move`), so the active rows are always the first n.
+so drafts, rewinds and tree compaction run per row exactly as at batch size 1. `forward_rows_hidden` then feeds
+some rows one block each (the last token and its draft, or a joining row's prompt) at each row's own cache index in
+one forward, packed: the blocks one after another in one sequence, so the linear layers see only the tokens fed,
+never padding (a row that drafts 8 tokens beside three that draft none makes a forward of 12 tokens, not 4 x 9).
+Attention runs per row (`rows_attention`): the row's queries over its own keys, under its own mask
+(models/attention_masks.py: prefix, block and, on sliding-window layers, window), by the model's own attention
+function, switched in through transformers' AttentionInterface for that forward. A row that leaves gives its slot
+to the batch's last row (`move`), so the active rows are always the first n.
 """
 
 import sys
@@ -216,9 +216,11 @@ def forward_rows_hidden(model, cache: BatchCache, rows: list[int], blocks: list[
 
 @torch.inference_mode()
 def forward_batch(model, cache: BatchCache, blocks: list[list[int]], starts: list[int],
-                  parents: list[list[int]] | None = None) -> list[torch.Tensor]:
+                  parents: list[list[int]] | None = None, last_only: list[int] = ()) -> list[torch.Tensor]:
     """Rows 0..len(blocks)-1 in one packed forward (`forward_rows_hidden`) through the output layer: per row its
-    block's fp32 logits (len(blocks[r]), vocab)."""
+    block's fp32 logits (len(blocks[r]), vocab), or for the rows in `last_only` (prefills) its last token's (1,
+    vocab)."""
     hidden = forward_rows_hidden(model, cache, list(range(len(blocks))), blocks, starts, parents)
+    hidden = [row_hidden[-1:] if row in last_only else row_hidden for row, row_hidden in enumerate(hidden)]
     logits = model_logits(model, torch.cat(hidden))
-    return list(logits.split([len(block) for block in blocks]))
+    return list(logits.split([len(row_hidden) for row_hidden in hidden]))

@@ -1,8 +1,9 @@
 """The server's decoding worker: one thread owns the model and one `DecodingBatch` (decoding/batch.py) of up to
 serve.max_batch requests' generations.
 
-A request's generation joins the running batch before the next step (its prefill runs then, alone), steps with the
-others (every row drafts, one forward verifies all rows), and leaves when it ends or when its request stops reading
+A request's generation joins the running batch before the next step (its prefill runs in that step's forward),
+steps with the others (every row drafts, one forward verifies all rows), and leaves when it ends or when its request
+stops reading
 (the client went away). Each request reads what its own generation emitted from its own queue (`Row.emitted`), so
 its stream is built from its own steps as at batch size 1. Rows may differ in strategy and sampling settings: each
 brings its own settings, and a drafter taken from a pool and given back when it leaves. The pools hold, per
@@ -11,8 +12,8 @@ cost-aware exits price that batch's verify); a row takes one for the first of th
 holds the batch it joins: a lone request drafts as at batch size 1, one joining a full batch as a row of a full
 batch. The pooled drafters' draft-exit policies go on learning from one request to the next.
 
-A prefill that fails ends its own request only; a step that fails ends the requests it stepped (their rows share
-the one forward), and the worker goes on with the next requests.
+A request the batch cannot take (its prompt is longer than a row holds) ends alone; a step that fails ends the
+requests it stepped (their rows share the one forward), and the worker goes on with the next requests.
 """
 
 import queue
@@ -33,7 +34,7 @@ Pools = dict[tuple[str, bool, int], list[Drafter | None]]  # (strategy name, gre
 
 
 class DecodingFailed(Exception):
-    """What ended a request's generation in the batch: its prefill, or a step it took part in, raised."""
+    """What ended a request's generation in the batch: joining it, or a step it took part in, raised."""
 
 
 def drafter_pools(decoders: Iterable[SelfSpeculativeDecoder], sampling: SamplingSettings, capacity: int) -> Pools:
@@ -70,7 +71,7 @@ class Row:
     def __init__(self, batcher: "Batcher", job: Job):
         self.batcher, self.job = batcher, job
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()  # Emitted ..., then END; or a DecodingFailed
-        self.generation: Generation | None = None  # once its prefill ran
+        self.generation: Generation | None = None  # once it joined the batch
         self.drafter: Drafter | None = None  # from the pool, while it decodes
         self.pool: tuple[str, bool, int] | None = None  # which pool it came from
         self.left = False  # its request stopped reading
@@ -171,20 +172,18 @@ class Batcher:
         return joining
 
     def _start(self, row: Row) -> None:
-        """The row's prefill, alone; it decodes with the others from the next step unless it ended already."""
+        """The row joins the batch: the next step runs its prefill."""
         job, strategy = row.job, row.job.strategy
         size = next(n for n in pool_sizes(self.batch.cache.capacity) if n > len(self.batch.rows))
         row.pool = strategy.name, strategy.settings.greedy, size
         row.drafter = self.pools[row.pool].pop()
         try:
-            row.generation, emitted = self.batch.add(job.ids, strategy.settings, row.drafter, strategy.end_ids,
-                                                     job.generator, strategy.target_gate, strategy.rules,
-                                                     job.logprobs)
+            row.generation = self.batch.add(job.ids, strategy.settings, row.drafter, strategy.end_ids, job.generator,
+                                            strategy.target_gate, strategy.rules, job.logprobs)
         except Exception as error:  # this request's own: its neighbours decode on
-            self._end(row, DecodingFailed(f"the prefill failed: {str(error).splitlines()[0]}"))
+            self._end(row, DecodingFailed(f"it could not join the batch: {str(error).splitlines()[0]}"))
             return
         self._rows[row.generation] = row
-        self._emit(row, emitted)
 
     def _step(self) -> None:
         try:
