@@ -14,6 +14,7 @@ from selfspec.decoding.costs import CostMeter, DraftCosts, paced_ms, timed_ms_ea
 from selfspec.decoding.draft_exit import AdaptiveExit, CostAwareExit, DraftExit, ThresholdExit
 from selfspec.decoding.drafters import (GenerationContext, HybridDrafter, ModelDrafter, NgramDrafter, SelfDrafter,
                                         ngram_continuation)
+from selfspec.decoding.drafters import layer_skip
 from selfspec.decoding.speculative import generate, prefill, speculative_step
 from selfspec.decoding.strategies import make_strategy
 from selfspec.errors import SelfspecError
@@ -178,6 +179,16 @@ def test_a_cost_aware_drafter_that_does_not_pay_drafts_only_on_probes(tiny, prom
     dear_draft = pinned(CostAwareExit(4, costs=DraftCosts((10.0, 12.0, 14.0, 16.0, 18.0), draft_ms=100.0)))
     result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip, dear_draft))
     assert result.new_tokens == plain.new_tokens and not any(step.drafted for step in result.steps)
+
+
+def test_a_layer_skip_drafter_swaps_its_sublayers_only_for_steps_that_draft(tiny, prompt, monkeypatch):
+    """Entering a skip set swaps modules (about 0.1 ms a step on SmolLM2, most of an idle step's own work): a step
+    whose policy plans no draft leaves the layers alone."""
+    entered, real = [], layer_skip.skipping
+    monkeypatch.setattr(layer_skip, "skipping", lambda *args: entered.append(1) or real(*args))
+    dear_verify = pinned(CostAwareExit(4, costs=DraftCosts((10.0, 30.0, 30.0, 30.0, 30.0), draft_ms=0.5)))
+    result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, make_skip_set([1], [2], 6), dear_verify))
+    assert len(entered) == sum(1 for step in result.steps if step.drafted) == 3
 
 
 def test_costs_are_timed_round_after_round_so_a_slow_spell_falls_on_every_q(monkeypatch):

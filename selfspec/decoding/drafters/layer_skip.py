@@ -31,8 +31,8 @@ class SelfDrafter(ExitPolicyDrafter):
         return self.head.logits(forward_hidden(self.model, cache, ids, start))
 
     def draft(self, tokens: list[int], max_tokens: int) -> Draft:
-        with skipping(self.model, self.skip):
-            return self.draft_loop(self.next_logits, tokens, len(tokens) - 1, max_tokens)
+        return self.draft_loop(self.next_logits, tokens, len(tokens) - 1, max_tokens,
+                               around=partial(skipping, self.model, self.skip))
 
     def batch_draft(self, tokens: list[int], max_tokens: int) -> Generator[DraftForward, torch.Tensor, Draft]:
         """`draft` for a row of a batch (decoding/batch.py): yields each draft forward, to run in one forward with
