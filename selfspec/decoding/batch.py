@@ -137,10 +137,9 @@ def decode_batch_steps(model, prompts: list[list[int]], settings: SamplingSettin
                        ) -> Iterator[tuple[int, Emitted]]:
     """Decode `prompts` in a batch of `rows` rows (None: all together), one generator per prompt; yields (prompt
     index, what it emitted) as decode_steps does for one prompt, each prompt's prefill first (in the step it
-    joins). `drafters`: one per
-    row (None: plain decoding). With fewer rows than prompts the batch starts with the first prompts, and as a row
-    ends the next prompt joins in its place, with its drafter (decoding as a server batches, never with an idle row
-    while prompts wait)."""
+    joins). `drafters`: one per row (None: plain decoding). With fewer rows than prompts the batch starts with the
+    first prompts, and as a row ends the next prompt joins in its place, with its drafter (decoding as a server
+    batches, never with an idle row while prompts wait)."""
     if not prompts:
         raise SelfspecError("an empty batch: give at least one prompt")
     rows = rows or len(prompts)

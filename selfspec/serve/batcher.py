@@ -3,9 +3,8 @@ serve.max_batch requests' generations.
 
 A request's generation joins the running batch before the next step (its prefill runs in that step's forward),
 steps with the others (every row drafts, one forward verifies all rows), and leaves when it ends or when its request
-stops reading
-(the client went away). Each request reads what its own generation emitted from its own queue (`Row.emitted`), so
-its stream is built from its own steps as at batch size 1. Rows may differ in strategy and sampling settings: each
+stops reading (the client went away). Each request reads what its own generation emitted from its own queue
+(`Row.emitted`), so its stream is built from its own steps as at batch size 1. Rows may differ in strategy and sampling settings: each
 brings its own settings, and a drafter taken from a pool and given back when it leaves. The pools hold, per
 (strategy, greedy or sampled), drafters built for rows of batches of 1, 2, 4, ... and max_batch rows (their
 cost-aware exits price that batch's verify); a row takes one for the first of these sizes that
