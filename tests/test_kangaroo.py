@@ -1,12 +1,13 @@
 """Kangaroo: lossless drafting with a trained adapter, saving and loading it (training: tests/test_train_draft.py)."""
 
 import random
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
 
 from selfspec.decoding.draft_exit import AdaptiveExit, DraftExit, ThresholdExit
+from selfspec.decoding.drafters import kangaroo
 from selfspec.decoding.drafters.kangaroo import KangarooDrafter, adapter_hidden
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
@@ -55,6 +56,28 @@ def test_kangaroo_greedy_equals_plain_for_exit_layers_and_policies(tiny, prompt)
         result = generate(tiny, prompt, GREEDY, drafter)
         assert result.new_tokens == plain, (exit_layer, policy)
         assert sum(s.emitted for s in result.steps) == 59 and result.drafted > 0
+
+
+@dataclass
+class EveryThirdStep(DraftExit):
+    """Plans a draft in every third step only."""
+    steps: int = 0
+
+    def plan(self, max_tokens: int) -> int:
+        self.steps += 1
+        return max_tokens if self.steps % 3 == 1 else 0
+
+
+def test_kangaroo_enters_its_skip_set_only_for_steps_that_draft_and_its_adapter_catches_up(tiny, prompt, monkeypatch):
+    """A step that drafts nothing leaves the layers alone; the next draft feeds the adapter what it missed."""
+    entered, real = [], kangaroo.skipping
+    monkeypatch.setattr(kangaroo, "skipping", lambda *args: entered.append(1) or real(*args))
+    plain = generate(tiny, prompt, GREEDY).new_tokens
+    result = generate(tiny, prompt, GREEDY, KangarooDrafter(tiny, new_adapter(tiny, 5), 5, EveryThirdStep(3)))
+    assert result.new_tokens == plain
+    drafting = [step for step in result.steps if step.drafted]
+    assert len(entered) == len(drafting) < len(result.steps)
+    assert all(step.accepted == step.drafted for step in drafting)  # the untrained adapter is the last layer
 
 
 def test_the_hook_goes_away_when_another_generation_runs(tiny, prompt):

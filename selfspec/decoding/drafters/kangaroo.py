@@ -12,6 +12,8 @@ draft first feeds the adapter the verified positions it has not seen. The drafte
 cache below the last kept token, so the full model's entries there stay as the verifier wrote them.
 """
 
+from functools import partial
+
 import torch
 
 from selfspec.decoding.draft_exit import DraftExit
@@ -83,12 +85,13 @@ class KangarooDrafter(ExitPolicyDrafter):
             # the adapter catches up over the positions it has not seen, then reads this draft's positions
             hidden = adapter_hidden(self.adapter, self.adapter_cache, self.shallow[adapted:end], adapted)
             adapted = end
+            # positions before the last token hold the prefill's or a verification's shallow states, now adapted
+            self.verified = len(tokens) - 1
             return model_logits(self.model, hidden[-1:])[0]  # (vocab,)
 
-        # positions before the last token hold the prefill's or a verification's shallow states by now
-        self.verified = len(tokens) - 1
-        with skipping(self.model, self.skip), torch.inference_mode():
-            return self.draft_loop(next_logits, tokens, len(tokens) - 1, max_tokens)
+        with torch.inference_mode():
+            return self.draft_loop(next_logits, tokens, len(tokens) - 1, max_tokens,
+                                   around=partial(skipping, self.model, self.skip))
 
 
 @torch.inference_mode()
