@@ -33,17 +33,22 @@ def ancestry(parents: list[int]) -> list[list[int]]:
     return seen
 
 
-def tree_view(parents: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(width, width) bool, True where block token j (row) sees block token i (column): its ancestors and itself;
-    and the (width,) depths."""
+def tree_view(parents: list[int]) -> torch.Tensor:
+    """(width, width) bool, True where block token j (row) sees block token i (column): its ancestors and itself."""
     width = len(parents)
     if parents == chain(width):  # a prompt or a draft chain: each token sees those before it
-        return torch.ones(width, width, dtype=torch.bool).tril(), torch.arange(width)
-    seen = ancestry(parents)
+        return torch.ones(width, width, dtype=torch.bool).tril()
     visible = torch.zeros(width, width, dtype=torch.bool)
-    for j, block_indices in enumerate(seen):
+    for j, block_indices in enumerate(ancestry(parents)):
         visible[j, block_indices] = True
-    return visible, torch.tensor([len(s) - 1 for s in seen])
+    return visible
+
+
+def depths(parents: list[int]) -> torch.Tensor:
+    """(width,) each block token's depth: how many ancestors it has."""
+    if parents == chain(len(parents)):
+        return torch.arange(len(parents))
+    return torch.tensor([len(seen) - 1 for seen in ancestry(parents)])
 
 
 def block_mask(parents: list[list[int]], starts: list[int], key_end: int, dtype: torch.dtype, device,
@@ -56,10 +61,9 @@ def block_mask(parents: list[list[int]], starts: list[int], key_end: int, dtype:
     query_positions = torch.zeros(len(parents), width, dtype=torch.long)
     key_positions = torch.arange(first, key_end).repeat(len(parents), 1)  # (rows, keys): a prefix key's is its index
     for row, (block, start) in enumerate(zip(parents, starts)):
-        visible, depths = tree_view(block)
         allowed[row, :, :start - first] = True
-        allowed[row, :, start - first:start - first + width] = visible
-        query_positions[row] = start + depths
+        allowed[row, :, start - first:start - first + width] = tree_view(block)
+        query_positions[row] = start + depths(block)
         key_positions[row, start - first:start - first + width] = query_positions[row]
     if sliding_window is not None:
         allowed &= key_positions[:, None, :] > query_positions[:, :, None] - sliding_window
@@ -71,7 +75,7 @@ def block_positions(parents: list[list[int]], starts: list[int], device) -> torc
     """(rows, width) position ids: start + depth per block token."""
     positions = torch.zeros(len(parents), block_width(parents), dtype=torch.long)
     for row, (block, start) in enumerate(zip(parents, starts)):
-        positions[row] = start + tree_view(block)[1]
+        positions[row] = start + depths(block)
     return positions.to(device)
 
 
