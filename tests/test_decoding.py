@@ -12,8 +12,8 @@ from helpers import (assert_cache_holds, chi_square_pvalue, exact_pair_distribut
 from selfspec.data.prompt_sets import calibration_texts
 from selfspec.decoding.costs import CostMeter, DraftCosts, paced_ms, timed_ms_each
 from selfspec.decoding.draft_exit import AdaptiveExit, CostAwareExit, DraftExit, ThresholdExit
-from selfspec.decoding.drafters import (GenerationContext, HybridDrafter, ModelDrafter, NgramDrafter, SelfDrafter,
-                                        ngram_continuation)
+from selfspec.decoding.drafters import (GenerationContext, HybridDrafter, ModelDrafter, NgramDrafter, NgramTreeDrafter,
+                                        SelfDrafter, ngram_continuation)
 from selfspec.decoding.drafters import layer_skip
 from selfspec.decoding.speculative import generate, prefill, speculative_step
 from selfspec.decoding.strategies import make_strategy
@@ -152,6 +152,26 @@ def test_cost_aware_hybrid_copies_past_the_model_drafts_length(tiny, tokenizer):
     assert result.new_tokens == generate(tiny, prompt, GREEDY).new_tokens
     assert max(s.drafted for s in result.steps if s.source == "ngram") > 4
     assert max(s.drafted for s in result.steps if s.source == "model") <= 4
+
+
+@pytest.mark.parametrize("tree", [False, True])
+def test_failed_one_token_matches_do_not_stop_the_copies_of_longer_ones(tiny, tree):
+    """A copier learns its rate apart per match length: copies after 1-token matches that verification keeps
+    rejecting stop being drafted, while a copy after a 2-token match is drafted at once, step after step (with one
+    rate for both it would wait for a probe)."""
+    policy = pinned(CostAwareExit(5, costs=DraftCosts(tuple(10.0 + 2 * q for q in range(9)), 0.0)))  # +20% a token
+    copier = NgramTreeDrafter(tiny, 2, 8, 5, 3, policy) if tree else NgramDrafter(tiny, 2, 5, policy)
+    copier.begin(GenerationContext(new_cache(tiny, 32), GREEDY))
+    one_token_match, two_token_match = [5, 6, 9, 7, 8, 6], [5, 6, 9, 7, 8, 5, 6]
+    drafted = []
+    for _ in range(30):
+        draft = copier.draft(one_token_match, 5)
+        drafted.append(bool(draft.tokens))
+        if draft.tokens:
+            copier.update(len(draft.tokens), 0, [] if tree else None)
+    assert drafted[0] and sum(drafted[-16:]) <= 2  # idle but for probes
+    assert all(copier.draft(two_token_match, 5).tokens[:1] == [9] for _ in range(3))
+    assert copier.threshold == 0.5  # the 2-token matches' rate: its prior, untouched by the 1-token failures
 
 
 def test_the_loop_tells_the_drafter_what_each_verify_took(tiny, prompt):

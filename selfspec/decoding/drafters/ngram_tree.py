@@ -4,7 +4,7 @@ import torch
 
 from selfspec.decoding.draft_exit import CostAwareExit
 from selfspec.decoding.drafters.base import Draft, GenerationContext, cut_at_end
-from selfspec.decoding.drafters.ngram import NGRAM, cut_copy, ngram_matches
+from selfspec.decoding.drafters.ngram import NGRAM, PoliciesByMatch, cut_copy, ngram_matches
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import output_device
@@ -18,10 +18,11 @@ class NgramTreeDrafter:
     deterministic, so each node's q is one-hot (sampled verification: accept x with probability p(x), else p loses
     x). The first branch is what `NgramDrafter` would copy.
 
-    With the cost-aware exit (`exit_policy`) the first copy is the tree's chain, cut as `NgramDrafter` cuts it, and
-    the later copies' nodes are offered to the policy (`CostAwareExit.shape_tree`), learnt apart by the match length
-    n, the copy's rank and whether the node forks off beside an existing sibling: a kind of branch that is rarely
-    accepted (1-gram forks, say) stops being added, and no copy is drafted where none pays."""
+    With the cost-aware exit (`exit_policy`, one per match length: `PoliciesByMatch`) the first copy is the tree's
+    chain, cut as `NgramDrafter` cuts it by the policy of its match's length, and the later copies' nodes are offered
+    to that policy (`CostAwareExit.shape_tree`), learnt apart by the match length n, the copy's rank and whether the
+    node forks off beside an existing sibling: a kind of branch that is rarely accepted (1-gram forks, say) stops
+    being added, and no copy is drafted where none pays."""
 
     def __init__(self, model, ngram_size: int = 2, nodes: int = 8, depth: int = 5, width: int = 3,
                  exit_policy: CostAwareExit | None = None):
@@ -32,6 +33,7 @@ class NgramTreeDrafter:
         self.ngram_size, self.nodes, self.depth, self.width = ngram_size, nodes, depth, width
         self.vocab_size, self.device = model.get_output_embeddings().weight.shape[0], output_device(model)
         self.exit_policy = exit_policy
+        self.policies = PoliciesByMatch(exit_policy, ngram_size) if exit_policy else None
         self.context: GenerationContext | None = None
 
     @property
@@ -40,17 +42,17 @@ class NgramTreeDrafter:
 
     @property
     def threshold(self) -> float:
-        return self.exit_policy.threshold if self.exit_policy else 0.0
+        return self.policies.last.threshold if self.policies else 0.0
 
     def begin(self, context: GenerationContext) -> None:
         self.context = context
-        if self.exit_policy:
-            self.exit_policy.begin()
+        if self.policies:
+            self.policies.begin()
 
     def draft(self, tokens: list[int], max_tokens: int) -> Draft:
         matches = ngram_matches(tokens, self.ngram_size, min(max_tokens, self.depth), limit=self.nodes)
         copies = [(n, cut_at_end(branch, self.context.end_ids)) for n, branch in matches]
-        if self.exit_policy:
+        if self.policies:
             draft = self.shaped_trie(copies)
         else:
             draft = Draft(source=NGRAM, parents=[])
@@ -65,31 +67,35 @@ class NgramTreeDrafter:
         return draft
 
     def observe_verify_ms(self, tokens: int, ms: float) -> None:
-        if self.exit_policy:
-            self.exit_policy.observe_verify_ms(tokens, ms)
+        if self.policies:
+            self.policies.observe_verify_ms(tokens, ms)
 
     def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
-        if self.exit_policy is None:
+        if self.policies is None:
             return
         if path is None:
-            self.exit_policy.update(drafted, accepted)
+            self.policies.last.update(drafted, accepted)
         else:
-            self.exit_policy.update_tree(path)
+            self.policies.last.update_tree(path)
 
     def shaped_trie(self, copies: list[tuple[int, list[int]]]) -> Draft:
-        """The first copy, cut by the policy, as the chain; the later copies' nodes as the policy keeps them."""
-        chain = cut_copy(self.exit_policy, copies[0][1]) if copies else []
+        """The first copy, cut by its match length's policy, as the chain; the later copies' nodes as that policy keeps
+        them."""
+        if not copies:
+            return Draft()
+        policy = self.policies[copies[0][0]]
+        chain = cut_copy(policy, copies[0][1])
         if not chain:
             return Draft()
         trie = Draft(list(chain), parents=list(range(-1, len(chain) - 1)))
-        keys, priors, acceptance = [], [], self.exit_policy.acceptance
+        keys, priors, acceptance = [], [], policy.acceptance
         for rank, (n, branch) in enumerate(copies[1:], 1):
             for node in add_branch(trie, branch, self.nodes, self.width):
                 fork = trie.parents.index(trie.parents[node]) < node  # an earlier sibling: the copies part here
                 keys.append(("ngram", n, min(rank, RANKS), fork))
                 # a fork wins only where its earlier siblings lose; a node that goes on with its copy, as copies do
                 priors.append((1 - acceptance) / (1 + rank) if fork else acceptance)
-        kept, parents = self.exit_policy.shape_tree(trie.parents[len(chain):], keys, priors, self.nodes)
+        kept, parents = policy.shape_tree(trie.parents[len(chain):], keys, priors, self.nodes)
         return Draft(chain + [trie.tokens[len(chain) + j] for j in kept], source=NGRAM,
                      parents=list(range(-1, len(chain) - 1)) + parents)
 
