@@ -4,12 +4,11 @@ serve.max_batch requests' generations.
 A request's generation joins the running batch before the next step (its prefill runs in that step's forward),
 steps with the others (every row drafts, one forward verifies all rows), and leaves when it ends or when its request
 stops reading (the client went away). Each request reads what its own generation emitted from its own queue
-(`Row.emitted`), so its stream is built from its own steps as at batch size 1. Rows may differ in strategy and sampling settings: each
-brings its own settings, and a drafter taken from a pool and given back when it leaves. The pools hold, per
-(strategy, greedy or sampled), drafters built for rows of batches of 1, 2, 4, ... and max_batch rows (their
-cost-aware exits price that batch's verify); a row takes one for the first of these sizes that
-holds the batch it joins: a lone request drafts as at batch size 1, one joining a full batch as a row of a full
-batch. The pooled drafters' draft-exit policies go on learning from one request to the next.
+(`Row.emitted`), so its stream is built from its own steps as at batch size 1. Rows may differ in strategy and
+sampling settings: each brings its own settings, and a drafter taken from a pool and given back when it leaves. The
+pools hold, per (strategy, greedy or sampled), drafters built for rows of batches of 1, 2, 4, ... and max_batch rows
+(their cost-aware exits price that batch's verify); a row takes one for the first of these sizes that holds the
+batch it joins: a lone request drafts as at batch size 1, one joining a full batch as a row of a full batch. The pooled drafters' draft-exit policies go on learning from one request to the next.
 
 A request the batch cannot take (its prompt is longer than a row holds) ends alone; a step that fails ends the
 requests it stepped (their rows share the one forward), and the worker goes on with the next requests.
