@@ -2,8 +2,9 @@ import dataclasses
 
 import pytest
 
-from selfspec.decoding.costs import DraftCosts
+from selfspec.decoding.costs import DraftCosts, expected_emitted
 from selfspec.decoding.draft_exit import AdaptiveExit, CostAwareExit, DraftExit, ThresholdExit, make_exit_policy
+from selfspec.decoding.drafters.ngram import cut_copy
 from selfspec.errors import SelfspecError
 from selfspec.settings import default_settings
 
@@ -81,7 +82,7 @@ def test_a_probe_that_meets_a_cheaper_draft_ends_the_idle_spell():
 
 def test_cost_aware_policy_carries_what_drafting_taught_into_the_next_generation():
     """At begin() the draft in progress, the steps since the last probe and the probe back-off start afresh; the
-    acceptance rate, its bins and the draft cost met carry over. The paper's adaptive rule carries its threshold
+    acceptance rates (a draft's first token's and the later tokens'), their bins and the draft cost met carry over. The paper's adaptive rule carries its threshold
     over too, as its code does."""
     policy = CostAwareExit(4, costs=DraftCosts((10.0, 12.0, 14.0, 16.0, 18.0), draft_ms=5.0))
     for _ in range(10):
@@ -91,19 +92,20 @@ def test_cost_aware_policy_carries_what_drafting_taught_into_the_next_generation
     policy.observe_draft_ms(15.0)
     policy.plan(4)
     policy.should_stop(0.95)
-    learnt = (policy.acceptance, [list(counts) for counts in policy.bins])
-    assert policy.acceptance < 0.2 and policy.wait > 4 and policy.idle > 0 and policy.confidences
+    learnt = (policy.first_rate, policy.later_rate, [[list(counts) for counts in bins] for bins in policy.bins])
+    assert policy.first_rate < 0.2 and policy.wait > 4 and policy.idle > 0 and policy.confidences
     policy.begin()
-    assert (pytest.approx(policy.acceptance), policy.bins) == learnt
+    assert (pytest.approx(policy.first_rate), pytest.approx(policy.later_rate), policy.bins) == learnt
     assert (policy.idle, policy.wait, policy.confidences, policy.survival, policy.emitted) == (0, 4, [], 1.0, 1.0)
     assert policy.costs.draft_ms == pytest.approx((5.0 + 15.0) / 2)
     for _ in range(30):  # a generation of long accepted copies: 0.99 on the weight of ~100 tokens
         policy.update(10, 10)
-    policy.begin()  # the next one starts from its rate, on the prior's weight of 2 tokens
-    assert policy.acceptance > 0.95 and policy.tested_count == 2.0
+    policy.begin()  # the next one starts from its rates, each on the prior's weight of 2 tokens
+    assert min(policy.first_rate, policy.later_rate) > 0.95
+    assert policy.first_counts[1] == policy.later_counts[1] == 2.0
     policy.update(1, 0)
     policy.update(1, 0)
-    assert policy.acceptance < 0.5  # two rejected copies of a text unlike the last are enough
+    assert policy.first_rate < 0.5  # two rejected copies of a text unlike the last are enough
     adaptive = AdaptiveExit(4, 0.8, **ADAPTIVE)
     adaptive.update(4, 0)
     threshold = adaptive.threshold
@@ -126,9 +128,10 @@ def test_cost_aware_policy_counts_only_the_draft_tokens_verification_judged():
     for confidence in (0.95, 0.95, 0.15):
         policy.should_stop(confidence)
     policy.update(3, 1)  # the first accepted, the second rejected, the third never judged
-    assert (policy.accepted_count, policy.tested_count) == (pytest.approx(1.9), pytest.approx(3.8))
-    assert policy.acceptance == policy.threshold == pytest.approx(0.5)
-    assert policy.bins == [[0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [1.0, 2.0]]
+    assert policy.first_counts == [pytest.approx(1.9), pytest.approx(2.8)]  # the prior 1 of 2, decayed, + 1 of 1
+    assert policy.later_counts == [pytest.approx(0.9), pytest.approx(2.8)]  # + 0 of 1
+    assert policy.acceptance == policy.threshold == pytest.approx(2.8 / 5.6)
+    assert policy.bins == [[[0.0, 0.0]] * 4 + [[1.0, 1.0]], [[0.0, 0.0]] * 4 + [[0.0, 1.0]]]
 
 
 def test_cost_aware_policy_learns_which_confidences_verification_accepts():
@@ -139,13 +142,15 @@ def test_cost_aware_policy_learns_which_confidences_verification_accepts():
     policy.plan(4)
     assert not policy.should_stop(0.1)
     for _ in range(30):
-        policy.plan(4)
-        policy.should_stop(0.95)
-        policy.should_stop(0.1)
-        policy.update(2, 1)
-    assert policy.calibrated(0.95) > 0.85 > 0.1 > policy.calibrated(0.1)
+        for confidences, accepted in (((0.95, 0.95, 0.1), 2), ((0.1,), 0)):  # first tokens and later ones alike
+            policy.plan(4)
+            for confidence in confidences:
+                policy.should_stop(confidence)
+            policy.update(len(confidences), accepted)
+    for later in (False, True):
+        assert policy.calibrated(0.95, later) > 0.8 > 0.2 > policy.calibrated(0.1, later)
     assert policy.plan(4) == 4
-    assert not policy.should_stop(0.95) and policy.should_stop(0.1)
+    assert not policy.should_stop(0.95) and not policy.should_stop(0.95) and policy.should_stop(0.1)
 
 
 @pytest.mark.parametrize("make,message", [
@@ -259,12 +264,14 @@ def test_cost_aware_tree_learns_each_branch_kind_from_the_accepted_path():
     policy, _ = shaped_after_two_drafts((10.0, 12.0, 14.0, 19.0, 11.0))  # tree: chain 0 -> 1, a = 2 (root), b = 3 (0)
     policy.update_tree([2])  # a accepted: the first chain token was judged and rejected, b's parent was not accepted
     assert policy.branch_counts == {"a": [1.0, 1.0]}
-    assert policy.acceptance == pytest.approx(0.9 / (0.9 * 2 + 1))  # the chain: 0 of 1 judged token accepted
+    assert policy.first_rate == pytest.approx(0.9 / 2.8)  # the chain: its first token judged and rejected
+    assert policy.later_counts == [pytest.approx(0.9), pytest.approx(1.8)]  # its second never judged
     assert policy.branch_probability("a", 0.3) == pytest.approx((1 + 0.6) / 3)
     policy, _ = shaped_after_two_drafts((10.0, 12.0, 14.0, 19.0, 11.0))
     policy.update_tree([0, 3])  # b accepted after the first chain token: a was judged too, and rejected
     assert policy.branch_counts == {"a": [0.0, 1.0], "b": [1.0, 1.0]}
-    assert policy.acceptance == pytest.approx(1.9 / 3.8)  # the chain: 1 of 2 judged tokens accepted
+    assert (policy.first_rate, policy.later_rate) == (pytest.approx(1.9 / 2.8), pytest.approx(0.9 / 2.8))  # the
+    # chain: its first token accepted, its second rejected
 
 
 def test_the_probe_of_a_drafter_that_cannot_pay_counts_its_steps_across_generations():
@@ -275,3 +282,18 @@ def test_the_probe_of_a_drafter_that_cannot_pay_counts_its_steps_across_generati
         policy.begin()
         plans += [policy.plan(4) for _ in range(20)]
     assert [i for i, k in enumerate(plans) if k] == [63, 127, 191]
+
+
+def test_a_copy_that_starts_right_is_priced_as_going_on_right():
+    """Copies (d = 0, each verified token 0.15 c(1) more) whose first token is right 1 time in 4 and then right to the
+    end: a1 -> 0.25 and a -> 1, so a 4-token copy emits 1 + 0.25 x 4 = 2 tokens for c(5) = 16 ms, 1.25x plain,
+    above k = 1's 1.25 / 11.5 x 10 = 1.09x, and the whole copy is drafted. One rate for both tokens (4 of 7 judged:
+    0.57) would cut it after 2 tokens (1.46x expected at 2 against 1.37x at 4)."""
+    policy = CostAwareExit(4, costs=DraftCosts((10.0, 11.5, 13.0, 14.5, 16.0), draft_ms=0.0))
+    for _ in range(30):
+        for accepted in (0, 0, 4, 0):
+            policy.update(4, accepted)
+    assert (policy.first_rate, policy.later_rate) == (pytest.approx(0.25, abs=0.03), pytest.approx(1.0, abs=0.01))
+    assert policy.best_length(4)[0] == 4 and cut_copy(policy, [11, 12, 13, 14]) == [11, 12, 13, 14]
+    one_rate = [policy.costs.speedup(expected_emitted(4 / 7, k), k) for k in range(1, 5)]
+    assert one_rate.index(max(one_rate)) + 1 == 2

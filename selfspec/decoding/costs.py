@@ -76,10 +76,12 @@ class StepCosts:
                 f"output layer {self.output_ms:.1f}{heads}")
 
 
-def expected_emitted(acceptance: float, drafted: int) -> float:
+def expected_emitted(acceptance: float, drafted: int, first: float | None = None) -> float:
     """E = 1 + a + ... + a^k = (1 - a^(k+1)) / (1 - a): the tokens a step of k drafts emits when each draft token
-    is accepted with probability a (given the ones before it)."""
-    return sum(acceptance ** i for i in range(drafted + 1))
+    is accepted with probability a (given the ones before it); with the first token's own rate a1 (`first`),
+    E = 1 + a1 (1 + a + ... + a^(k-1))."""
+    first = acceptance if first is None else first
+    return 1 + first * sum(acceptance ** i for i in range(drafted))
 
 
 @dataclass(frozen=True)

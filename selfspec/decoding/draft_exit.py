@@ -116,14 +116,16 @@ class CostAwareExit(DraftExit):
     draft token. The policy then follows both as the decoding loop meets them, its own work included
     (`observe_draft_ms`, `observe_verify_ms`): on SmolLM2 here the meter's c(2) read c(1) where the loop's 2-token
     verify took 1.1-1.2 c(1), and d read 0.86-0.95 c(1) where the loop's draft token took 0.93-1.0. A step that
-    drafts k tokens, each accepted with probability a given the ones before it, emits E(k) = 1 + a + ... + a^k
-    tokens for k d + c(k + 1) ms, where plain decoding spends E(k) c(1). Before each draft the policy estimates a
-    from what verification accepted lately and drafts only if some k beats plain decoding by `min_speedup`;
+    drafts k tokens, the first accepted with probability a1 and each later one with probability a given the ones
+    before it, emits E(k) = 1 + a1 (1 + a + ... + a^(k-1)) tokens for k d + c(k + 1) ms, where plain decoding spends
+    E(k) c(1). The two rates differ: a copy that starts right tends to go on right (SmolLM2's copies after a 1-token
+    match: a1 0.24, a 0.56-0.88), and one rate for both cut copies short. Before each draft the policy estimates a1
+    and a from what verification accepted lately and drafts only if some k beats plain decoding by `min_speedup`;
     otherwise it drafts nothing and probes again after 4, 8, ..., 64 steps, so a drafter that stops paying costs at
     most a probe now and then (and one that would not beat plain decoding by `min_best_speedup` even if every token
     were accepted drafts only a 1-token probe every 64 steps: `can_pay`). While drafting, each token's draft
-    confidence, calibrated online against verification in confidence bins, gives the chance that the draft so far
-    survives; drafting stops as soon as no longer draft is expected to raise the step's speedup. Copies from the
+    confidence, calibrated online against verification in confidence bins (a draft's first token apart from the
+    later ones), gives the chance that the draft so far survives; drafting stops as soon as no longer draft is expected to raise the step's speedup. Copies from the
     context count as confidence 1.0, calibrated by the copying drafter's own policy.
 
     Token trees: the planned draft is the tree's chain; the tree drafters offer more nodes (runner-up tokens,
@@ -136,10 +138,13 @@ class CostAwareExit(DraftExit):
     min_best_speedup: float = 1.0  # and only with a drafter whose best case (every draft token accepted) is at least
     # this: draft.min_best_speedup (make_exit_policy; 1.2); 1.0 adds no margin to min_speedup
     decay: float = 0.9  # weight of the history at each verification (about the last ten steps count)
-    accepted_count: float = field(default=PRIOR_TOKENS / 2, init=False)  # decayed count of accepted draft tokens
-    tested_count: float = field(default=PRIOR_TOKENS, init=False)  # decayed count of draft tokens verification judged
-    bins: list[list[float]] = field(default_factory=lambda: [[0.0, 0.0] for _ in range(CONFIDENCE_BINS)],
-                                    init=False)  # per confidence bin: [accepted, tested], decayed
+    first_counts: list[float] = field(default_factory=lambda: [PRIOR_TOKENS / 2, PRIOR_TOKENS], init=False)  # a
+    # draft's first token: [accepted, tested], decayed, from the prior 1 of 2
+    later_counts: list[float] = field(default_factory=lambda: [PRIOR_TOKENS / 2, PRIOR_TOKENS], init=False)  # the
+    # tokens after it that verification judged (each after an accepted one): [accepted, tested], likewise
+    bins: list[list[list[float]]] = field(default_factory=lambda: [[[0.0, 0.0] for _ in range(CONFIDENCE_BINS)]
+                                                                   for _ in range(2)], init=False)  # [later][bin]:
+    # [accepted, tested], decayed; later 0 for a draft's first token, 1 for the rest
     confidences: list[float] = field(default_factory=list, init=False)  # of the draft in progress
     survival: float = field(default=1.0, init=False)  # P(every token of the draft so far is accepted)
     emitted: float = field(default=1.0, init=False)  # expected tokens the step emits if drafting stops now
@@ -167,9 +172,10 @@ class CostAwareExit(DraftExit):
         (copies of code, then a role-play), the first rejections pull the estimate down at once. A drafter that did
         not pay probes the new text after 4 steps: the last text's back-off (up to 64 steps, longer than many
         answers) kept such drafters from drafting ever again (a batch's rows, each on prompt after prompt, drafted
-        less from pass to pass). The confidence bins, each tree node kind's rate and the costs carry over."""
-        rate = self.acceptance
-        self.accepted_count, self.tested_count = PRIOR_TOKENS * rate, PRIOR_TOKENS
+        less from pass to pass). The first token's rate and the later tokens' start afresh alike; the confidence
+        bins, each tree node kind's rate and the costs carry over."""
+        self.first_counts = [PRIOR_TOKENS * self.first_rate, PRIOR_TOKENS]
+        self.later_counts = [PRIOR_TOKENS * self.later_rate, PRIOR_TOKENS]
         self.confidences, self.survival, self.emitted, self.idle, self.branches = [], 1.0, 1.0, 0, []
         self.wait = FIRST_WAIT
 
@@ -180,14 +186,25 @@ class CostAwareExit(DraftExit):
 
     @property
     def acceptance(self) -> float:
-        return self.accepted_count / self.tested_count
+        """Of every draft token verification judged, first or later."""
+        return (self.first_counts[0] + self.later_counts[0]) / (self.first_counts[1] + self.later_counts[1])
+
+    @property
+    def first_rate(self) -> float:
+        """a1: P(verification accepts a draft's first token)."""
+        return self.first_counts[0] / self.first_counts[1]
+
+    @property
+    def later_rate(self) -> float:
+        """a: P(verification accepts a later draft token, given the ones before it)."""
+        return self.later_counts[0] / self.later_counts[1]
 
     def longest(self, max_tokens: int) -> int:
         return min(max_tokens, self.max_tokens, len(self.costs.verify_ms) - 1)
 
     def best_length(self, max_tokens: int) -> tuple[int, float]:
         """The draft length k in 1..max_tokens with the best expected speedup at the estimated acceptance."""
-        return max(((k, self.costs.speedup(expected_emitted(self.acceptance, k), k))
+        return max(((k, self.costs.speedup(expected_emitted(self.later_rate, k, self.first_rate), k))
                     for k in range(1, self.longest(max_tokens) + 1)), key=lambda pair: pair[1])
 
     def can_pay(self, max_tokens: int) -> bool:
@@ -228,10 +245,10 @@ class CostAwareExit(DraftExit):
 
     def should_stop(self, confidence: float) -> bool:
         """After a draft token of this confidence: stop unless drafting further raises the expected speedup."""
+        self.survival *= self.calibrated(confidence, later=bool(self.confidences))
         self.confidences.append(confidence)
-        self.survival *= self.calibrated(confidence)
         self.emitted += self.survival
-        drafted, a = len(self.confidences), self.acceptance
+        drafted, a = len(self.confidences), self.later_rate
         now = self.costs.speedup(self.emitted, drafted)
         later = (self.costs.speedup(self.emitted + self.survival * (expected_emitted(a, extra) - 1), drafted + extra)
                  for extra in range(1, self.longest(self.max_tokens) - drafted + 1))
@@ -265,22 +282,25 @@ class CostAwareExit(DraftExit):
         weight = max(1 / (self.met[key] + 1), 1 - self.decay)
         return (1 - weight) * estimate + weight * met_ms
 
-    def calibrated(self, confidence: float) -> float:
-        """P(verification accepts a draft token of this confidence): its bin's rate, shrunk to the overall rate."""
-        accepted, tested = self.bins[confidence_bin(confidence)]
-        return (accepted + 2 * self.acceptance) / (tested + 2)
+    def calibrated(self, confidence: float, later: bool) -> float:
+        """P(verification accepts a draft token of this confidence, a draft's first (`later` False) or a later one
+        after accepted ones): its bin's rate, shrunk to the rate of its place in the draft."""
+        accepted, tested = self.bins[later][confidence_bin(confidence)]
+        return (accepted + 2 * (self.later_rate if later else self.first_rate)) / (tested + 2)
 
     def update(self, drafted: int, accepted: int) -> None:
         if drafted == 0:
             return
         tested = min(drafted, accepted + 1)  # tokens after the first rejected one were never judged
-        self.accepted_count = self.decay * self.accepted_count + accepted
-        self.tested_count = self.decay * self.tested_count + tested
-        for counts in self.bins:
+        for counts in (self.first_counts, self.later_counts, *self.bins[0], *self.bins[1]):
             counts[0] *= self.decay
             counts[1] *= self.decay
+        self.first_counts[0] += accepted > 0
+        self.first_counts[1] += 1
+        self.later_counts[0] += max(accepted - 1, 0)
+        self.later_counts[1] += tested - 1
         for i, confidence in enumerate(self.confidences[:tested]):
-            counts = self.bins[confidence_bin(confidence)]
+            counts = self.bins[i > 0][confidence_bin(confidence)]
             counts[0] += i < accepted
             counts[1] += 1
         self.confidences = []  # an update without a draft before it (a resumed run's replay) moves only the rate
@@ -303,7 +323,7 @@ class CostAwareExit(DraftExit):
         k = len(self.confidences)
         reach = {-1: 1.0}  # tree index -> P(that node is accepted)
         for i, confidence in enumerate(self.confidences):
-            reach[i] = reach[i - 1] * self.calibrated(confidence)
+            reach[i] = reach[i - 1] * self.calibrated(confidence, later=i > 0)
         order, gains = [], []
         room = min(max_nodes, len(self.costs.verify_ms) - 1) - k
         while len(order) < room:

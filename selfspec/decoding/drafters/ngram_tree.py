@@ -88,13 +88,16 @@ class NgramTreeDrafter:
         if not chain:
             return Draft()
         trie = Draft(list(chain), parents=list(range(-1, len(chain) - 1)))
-        keys, priors, acceptance = [], [], policy.acceptance
+        keys, priors = [], []
         for rank, (n, branch) in enumerate(copies[1:], 1):
             for node in add_branch(trie, branch, self.nodes, self.width):
-                fork = trie.parents.index(trie.parents[node]) < node  # an earlier sibling: the copies part here
+                parent = trie.parents[node]
+                fork = trie.parents.index(parent) < node  # an earlier sibling: the copies part here
                 keys.append(("ngram", n, min(rank, RANKS), fork))
-                # a fork wins only where its earlier siblings lose; a node that goes on with its copy, as copies do
-                priors.append((1 - acceptance) / (1 + rank) if fork else acceptance)
+                # a fork wins only where its earlier siblings lose (a copy's first token, beside the root); a node
+                # that goes on with its copy, as a copy's later tokens do
+                sibling_rate = policy.first_rate if parent == -1 else policy.later_rate
+                priors.append((1 - sibling_rate) / (1 + rank) if fork else policy.later_rate)
         kept, parents = policy.shape_tree(trie.parents[len(chain):], keys, priors, self.nodes)
         return Draft(chain + [trie.tokens[len(chain) + j] for j in kept], source=NGRAM,
                      parents=list(range(-1, len(chain) - 1)) + parents)
