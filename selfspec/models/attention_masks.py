@@ -62,8 +62,9 @@ def block_mask(parents: list[list[int]], starts: list[int], key_end: int, dtype:
     key_positions = torch.arange(first, key_end).repeat(len(parents), 1)  # (rows, keys): a prefix key's is its index
     for row, (block, start) in enumerate(zip(parents, starts)):
         allowed[row, :, :start - first] = True
-        allowed[row, :, start - first:start - first + width] = tree_view(block)
-        query_positions[row] = start + depths(block)
+        view = tree_view(block)  # (width, width)
+        allowed[row, :, start - first:start - first + width] = view
+        query_positions[row] = start + view.sum(dim=1) - 1  # a token sees its ancestors and itself: depth + 1
         key_positions[row, start - first:start - first + width] = query_positions[row]
     if sliding_window is not None:
         allowed &= key_positions[:, None, :] > query_positions[:, :, None] - sliding_window
