@@ -129,8 +129,9 @@ def test_cost_aware_policy_counts_only_the_draft_tokens_verification_judged():
         policy.should_stop(confidence)
     policy.update(3, 1)  # the first accepted, the second rejected, the third never judged
     assert policy.first_counts == [pytest.approx(1.9), pytest.approx(2.8)]  # the prior 1 of 2, decayed, + 1 of 1
-    assert policy.later_counts == [pytest.approx(0.9), pytest.approx(2.8)]  # + 0 of 1
-    assert policy.acceptance == policy.threshold == pytest.approx(2.8 / 5.6)
+    assert policy.later_counts == [0.0, 1.0]  # 0 of 1
+    assert policy.acceptance == policy.threshold == pytest.approx(1.9 / 3.8)
+    assert policy.later_rate == pytest.approx((0.0 + 2 * 1.9 / 2.8) / (1.0 + 2))  # shrunk to the first token's
     assert policy.bins == [[[0.0, 0.0]] * 4 + [[1.0, 1.0]], [[0.0, 0.0]] * 4 + [[0.0, 1.0]]]
 
 
@@ -265,13 +266,13 @@ def test_cost_aware_tree_learns_each_branch_kind_from_the_accepted_path():
     policy.update_tree([2])  # a accepted: the first chain token was judged and rejected, b's parent was not accepted
     assert policy.branch_counts == {"a": [1.0, 1.0]}
     assert policy.first_rate == pytest.approx(0.9 / 2.8)  # the chain: its first token judged and rejected
-    assert policy.later_counts == [pytest.approx(0.9), pytest.approx(1.8)]  # its second never judged
+    assert policy.later_counts == [0.0, 0.0]  # its second never judged
     assert policy.branch_probability("a", 0.3) == pytest.approx((1 + 0.6) / 3)
     policy, _ = shaped_after_two_drafts((10.0, 12.0, 14.0, 19.0, 11.0))
     policy.update_tree([0, 3])  # b accepted after the first chain token: a was judged too, and rejected
     assert policy.branch_counts == {"a": [0.0, 1.0], "b": [1.0, 1.0]}
-    assert (policy.first_rate, policy.later_rate) == (pytest.approx(1.9 / 2.8), pytest.approx(0.9 / 2.8))  # the
-    # chain: its first token accepted, its second rejected
+    assert policy.first_rate == pytest.approx(1.9 / 2.8)  # the chain: its first token accepted, its second rejected
+    assert policy.later_counts == [0.0, 1.0]
 
 
 def test_the_probe_of_a_drafter_that_cannot_pay_counts_its_steps_across_generations():
@@ -285,15 +286,27 @@ def test_the_probe_of_a_drafter_that_cannot_pay_counts_its_steps_across_generati
 
 
 def test_a_copy_that_starts_right_is_priced_as_going_on_right():
-    """Copies (d = 0, each verified token 0.15 c(1) more) whose first token is right 1 time in 4 and then right to the
-    end: a1 -> 0.25 and a -> 1, so a 4-token copy emits 1 + 0.25 x 4 = 2 tokens for c(5) = 16 ms, 1.25x plain,
-    above k = 1's 1.25 / 11.5 x 10 = 1.09x, and the whole copy is drafted. One rate for both tokens (4 of 7 judged:
-    0.57) would cut it after 2 tokens (1.46x expected at 2 against 1.37x at 4)."""
-    policy = CostAwareExit(4, costs=DraftCosts((10.0, 11.5, 13.0, 14.5, 16.0), draft_ms=0.0))
+    """Copies (d = 0, each verified token 0.1 c(1) more) whose first token is right 1 time in 4 and then right to the
+    end: a1 -> 0.26 and a -> 0.85 (1, shrunk to a1), so a 4-token copy emits 1 + 0.26 (1 + 0.85 + 0.72 + 0.61) = 1.83
+    tokens for c(5) = 14 ms, 1.31x plain, the best length, and the whole copy is drafted. One rate for both (4 of 7
+    judged tokens: 0.57) would cut it after 3 tokens (2.09 tokens for 13 ms, 1.60x, against 2.19 for 14 ms at 4)."""
+    policy = CostAwareExit(4, costs=DraftCosts((10.0, 11.0, 12.0, 13.0, 14.0), draft_ms=0.0))
     for _ in range(30):
         for accepted in (0, 0, 4, 0):
             policy.update(4, accepted)
-    assert (policy.first_rate, policy.later_rate) == (pytest.approx(0.25, abs=0.03), pytest.approx(1.0, abs=0.01))
+    assert policy.first_rate == pytest.approx(0.26, abs=0.01) and policy.later_rate == pytest.approx(0.85, abs=0.01)
     assert policy.best_length(4)[0] == 4 and cut_copy(policy, [11, 12, 13, 14]) == [11, 12, 13, 14]
     one_rate = [policy.costs.speedup(expected_emitted(4 / 7, k), k) for k in range(1, 5)]
-    assert one_rate.index(max(one_rate)) + 1 == 2
+    assert one_rate.index(max(one_rate)) + 1 == 3
+
+
+def test_the_later_tokens_rate_follows_the_first_tokens_where_no_later_token_is_judged():
+    """Drafts whose second token was rejected, then 1-token drafts that are accepted: nothing judges a later token
+    any more, so its rate, shrunk to the first token's, comes back up with it instead of staying where it was."""
+    policy = CostAwareExit(4, costs=DraftCosts((10.0,) * 5, draft_ms=1.0))
+    for _ in range(10):
+        policy.update(3, 1)
+    assert policy.later_rate < 0.3
+    for _ in range(40):
+        policy.update(1, 1)
+    assert policy.first_rate > 0.95 and policy.later_rate > 0.9

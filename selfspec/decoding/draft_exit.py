@@ -140,8 +140,8 @@ class CostAwareExit(DraftExit):
     decay: float = 0.9  # weight of the history at each verification (about the last ten steps count)
     first_counts: list[float] = field(default_factory=lambda: [PRIOR_TOKENS / 2, PRIOR_TOKENS], init=False)  # a
     # draft's first token: [accepted, tested], decayed, from the prior 1 of 2
-    later_counts: list[float] = field(default_factory=lambda: [PRIOR_TOKENS / 2, PRIOR_TOKENS], init=False)  # the
-    # tokens after it that verification judged (each after an accepted one): [accepted, tested], likewise
+    later_counts: list[float] = field(default_factory=lambda: [0.0, 0.0], init=False)  # the tokens after it that
+    # verification judged (each after an accepted one): [accepted, tested], decayed (later_rate: its prior)
     bins: list[list[list[float]]] = field(default_factory=lambda: [[[0.0, 0.0] for _ in range(CONFIDENCE_BINS)]
                                                                    for _ in range(2)], init=False)  # [later][bin]:
     # [accepted, tested], decayed; later 0 for a draft's first token, 1 for the rest
@@ -172,10 +172,11 @@ class CostAwareExit(DraftExit):
         (copies of code, then a role-play), the first rejections pull the estimate down at once. A drafter that did
         not pay probes the new text after 4 steps: the last text's back-off (up to 64 steps, longer than many
         answers) kept such drafters from drafting ever again (a batch's rows, each on prompt after prompt, drafted
-        less from pass to pass). The first token's rate and the later tokens' start afresh alike; the confidence
-        bins, each tree node kind's rate and the costs carry over."""
+        less from pass to pass). The later tokens' own counts keep at most the same weight; the confidence bins,
+        each tree node kind's rate and the costs carry over."""
         self.first_counts = [PRIOR_TOKENS * self.first_rate, PRIOR_TOKENS]
-        self.later_counts = [PRIOR_TOKENS * self.later_rate, PRIOR_TOKENS]
+        scale = min(1.0, PRIOR_TOKENS / self.later_counts[1]) if self.later_counts[1] else 1.0
+        self.later_counts = [count * scale for count in self.later_counts]
         self.confidences, self.survival, self.emitted, self.idle, self.branches = [], 1.0, 1.0, 0, []
         self.wait = FIRST_WAIT
 
@@ -196,8 +197,10 @@ class CostAwareExit(DraftExit):
 
     @property
     def later_rate(self) -> float:
-        """a: P(verification accepts a later draft token, given the ones before it)."""
-        return self.later_counts[0] / self.later_counts[1]
+        """a: P(verification accepts a later draft token, given the ones before it), shrunk to the first token's rate
+        (the prior's weight, 2 tokens): where later tokens are seldom judged (1-token drafts), it follows the first
+        token's rate as one rate for both did, instead of keeping a stale value that no longer draft would correct."""
+        return (self.later_counts[0] + PRIOR_TOKENS * self.first_rate) / (self.later_counts[1] + PRIOR_TOKENS)
 
     def longest(self, max_tokens: int) -> int:
         return min(max_tokens, self.max_tokens, len(self.costs.verify_ms) - 1)
