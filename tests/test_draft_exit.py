@@ -82,8 +82,8 @@ def test_a_probe_that_meets_a_cheaper_draft_ends_the_idle_spell():
 
 def test_cost_aware_policy_carries_what_drafting_taught_into_the_next_generation():
     """At begin() the draft in progress, the steps since the last probe and the probe back-off start afresh; the
-    acceptance rates (a draft's first token's and the later tokens'), their bins and the draft cost met carry over. The paper's adaptive rule carries its threshold
-    over too, as its code does."""
+    acceptance rates (a draft's first token's and the later tokens'), their bins and the draft cost met carry over.
+    The paper's adaptive rule carries its threshold over too, as its code does."""
     policy = CostAwareExit(4, costs=DraftCosts((10.0, 12.0, 14.0, 16.0, 18.0), draft_ms=5.0))
     for _ in range(10):
         policy.plan(4)

@@ -125,8 +125,9 @@ class CostAwareExit(DraftExit):
     most a probe now and then (and one that would not beat plain decoding by `min_best_speedup` even if every token
     were accepted drafts only a 1-token probe every 64 steps: `can_pay`). While drafting, each token's draft
     confidence, calibrated online against verification in confidence bins (a draft's first token apart from the
-    later ones), gives the chance that the draft so far survives; drafting stops as soon as no longer draft is expected to raise the step's speedup. Copies from the
-    context count as confidence 1.0, calibrated by the copying drafter's own policy.
+    later ones), gives the chance that the draft so far survives; drafting stops as soon as no longer draft is
+    expected to raise the step's speedup. Copies from the context count as confidence 1.0, calibrated by the copying
+    drafter's own policy.
 
     Token trees: the planned draft is the tree's chain; the tree drafters offer more nodes (runner-up tokens,
     other copies), each with a key for its kind and a prior, and `shape_tree` keeps those whose expected accepted

@@ -8,7 +8,8 @@ stops reading (the client went away). Each request reads what its own generation
 sampling settings: each brings its own settings, and a drafter taken from a pool and given back when it leaves. The
 pools hold, per (strategy, greedy or sampled), drafters built for rows of batches of 1, 2, 4, ... and max_batch rows
 (their cost-aware exits price that batch's verify); a row takes one for the first of these sizes that holds the
-batch it joins: a lone request drafts as at batch size 1, one joining a full batch as a row of a full batch. The pooled drafters' draft-exit policies go on learning from one request to the next.
+batch it joins: a lone request drafts as at batch size 1, one joining a full batch as a row of a full batch. The
+pooled drafters' draft-exit policies go on learning from one request to the next.
 
 A request the batch cannot take (its prompt is longer than a row holds) ends alone; a step that fails ends the
 requests it stepped (their rows share the one forward), and the worker goes on with the next requests.
