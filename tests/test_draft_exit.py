@@ -310,3 +310,13 @@ def test_the_later_tokens_rate_follows_the_first_tokens_where_no_later_token_is_
     for _ in range(40):
         policy.update(1, 1)
     assert policy.first_rate > 0.95 and policy.later_rate > 0.9
+
+
+def test_a_tree_whose_first_token_alone_does_not_pay_is_drafted_for_its_siblings():
+    """Copies (d = 0) at a first-token rate of 1 in 10, c(q) = 10, 12, 12.5, 13: no chain pays alone; with a sibling
+    beside its first token accepted 3 times in 5, a 1-token chain and the sibling (a 3-token verify) do."""
+    policy = CostAwareExit(3, costs=DraftCosts((10.0, 12.0, 12.5, 13.0), draft_ms=0.0))
+    policy.first_counts = [1.0, 10.0]
+    assert policy.best_length(3)[1] < 1.0 and policy.plan(3) == 0
+    assert policy.best_length(3, [0.6, 0.0]) == (1, pytest.approx(1.7 * 10 / 12.5))
+    assert policy.plan(3, [0.6, 0.0]) == 3

@@ -9,7 +9,7 @@ generalises.
 """
 
 import dataclasses
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from selfspec.decoding.costs import DraftCosts, expected_emitted
@@ -40,8 +40,9 @@ class DraftExit:
         """A new generation starts. The threshold and adaptive exits carry their state over (the paper's code
         does), and so does what the cost-aware exit learnt."""
 
-    def plan(self, max_tokens: int) -> int:
-        """The most tokens to draft this step (0: do not draft); called before each draft."""
+    def plan(self, max_tokens: int, siblings: Sequence[float] = ()) -> int:
+        """The most tokens to draft this step (0: do not draft); called before each draft. `siblings`: a tree's
+        other first-level nodes, P(accepted) each, which only the cost-aware exit prices."""
         return max_tokens
 
     def should_stop(self, confidence: float) -> bool:
@@ -206,10 +207,16 @@ class CostAwareExit(DraftExit):
     def longest(self, max_tokens: int) -> int:
         return min(max_tokens, self.max_tokens, len(self.costs.verify_ms) - 1)
 
-    def best_length(self, max_tokens: int) -> tuple[int, float]:
-        """The draft length k in 1..max_tokens with the best expected speedup at the estimated acceptance."""
-        return max(((k, self.costs.speedup(expected_emitted(self.later_rate, k, self.first_rate), k))
-                    for k in range(1, self.longest(max_tokens) + 1)), key=lambda pair: pair[1])
+    def best_length(self, max_tokens: int, siblings: Sequence[float] = ()) -> tuple[int, float]:
+        """The draft length k in 1..max_tokens with the best expected speedup at the estimated acceptance. A tree's
+        `siblings`: P(accepted) of the nodes it can add beside the draft's first token (the most likely first), each
+        counted at the wider verify it costs, where it pays."""
+        siblings, emitted = sorted(siblings, reverse=True), {}
+        for k in range(1, self.longest(max_tokens) + 1):
+            chain = expected_emitted(self.later_rate, k, self.first_rate)
+            emitted[k] = max(self.costs.speedup(chain + sum(siblings[:m]), k, k + m)
+                             for m in range(min(len(siblings), len(self.costs.verify_ms) - 1 - k) + 1))
+        return max(emitted.items(), key=lambda pair: pair[1])
 
     def can_pay(self, max_tokens: int) -> bool:
         """Whether some draft length would beat plain decoding by `min_best_speedup` (and `min_speedup`) if
@@ -220,9 +227,10 @@ class CostAwareExit(DraftExit):
         least = max(self.min_speedup, self.min_best_speedup)
         return any(self.costs.speedup(k + 1, k) >= least for k in range(1, self.longest(max_tokens) + 1))
 
-    def plan(self, max_tokens: int) -> int:
+    def plan(self, max_tokens: int, siblings: Sequence[float] = ()) -> int:
         """The most tokens to draft this step (should_stop ends the draft sooner): 0 when no draft length is
-        expected to pay, except every `wait` steps (a probe, so that the estimate can recover). A drafter that cannot
+        expected to pay, a tree's with the `siblings` of its first token (best_length) included, except every `wait`
+        steps (a probe, so that the estimate can recover). A drafter that cannot
         pay at all (`can_pay`) drafts a single token every 64 such steps in a row, counted across generations (answers
         are often shorter), so that it meets its costs again: idle, it meets only c(1), which moves every cost alike,
         so costs met in a slow spell while it drafted would keep it idle for good (Gemma-3's layer-skip draft with a
@@ -238,7 +246,7 @@ class CostAwareExit(DraftExit):
                 self.met.pop(stale, None)
             return 1
         self.unpaid = 0
-        if self.best_length(max_tokens)[1] >= self.min_speedup:
+        if self.best_length(max_tokens, siblings)[1] >= self.min_speedup:
             self.idle, self.wait = 0, FIRST_WAIT
             return self.longest(max_tokens)
         self.idle += 1

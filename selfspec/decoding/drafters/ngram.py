@@ -2,6 +2,7 @@
 
 import copy
 from array import array
+from collections.abc import Sequence
 
 import torch
 
@@ -92,9 +93,10 @@ class NgramDrafter:
             self.policies.last.update(drafted, accepted)
 
 
-def cut_copy(exit_policy: DraftExit, copied: list[int]) -> list[int]:
-    """As much of a copy as `exit_policy` drafts: its plan, then a should_stop per copied token (confidence 1.0)."""
-    copied = copied[:exit_policy.plan(len(copied))]
+def cut_copy(exit_policy: DraftExit, copied: list[int], siblings: Sequence[float] = ()) -> list[int]:
+    """As much of a copy as `exit_policy` drafts: its plan (with a trie's `siblings` of the copy's first token, under
+    the cost-aware exit), then a should_stop per copied token (confidence 1.0)."""
+    copied = copied[:exit_policy.plan(len(copied), siblings)]
     for length in range(1, len(copied) + 1):
         if exit_policy.should_stop(1.0):
             return copied[:length]

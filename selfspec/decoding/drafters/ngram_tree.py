@@ -84,7 +84,7 @@ class NgramTreeDrafter:
         if not copies:
             return Draft()
         policy = self.policies[copies[0][0]]
-        chain = cut_copy(policy, copies[0][1])
+        chain = cut_copy(policy, copies[0][1], self.root_forks(policy, copies))
         if not chain:
             return Draft()
         trie = Draft(list(chain), parents=list(range(-1, len(chain) - 1)))
@@ -93,14 +93,31 @@ class NgramTreeDrafter:
             for node in add_branch(trie, branch, self.nodes, self.width):
                 parent = trie.parents[node]
                 fork = trie.parents.index(parent) < node  # an earlier sibling: the copies part here
-                keys.append(("ngram", n, min(rank, RANKS), fork))
-                # a fork wins only where its earlier siblings lose (a copy's first token, beside the root); a node
-                # that goes on with its copy, as a copy's later tokens do
-                sibling_rate = policy.first_rate if parent == -1 else policy.later_rate
-                priors.append((1 - sibling_rate) / (1 + rank) if fork else policy.later_rate)
+                key, prior = node_kind(policy, n, rank, fork, parent == -1)
+                keys.append(key)
+                priors.append(prior)
         kept, parents = policy.shape_tree(trie.parents[len(chain):], keys, priors, self.nodes)
         return Draft(chain + [trie.tokens[len(chain) + j] for j in kept], source=NGRAM,
                      parents=list(range(-1, len(chain) - 1)) + parents)
+
+    def root_forks(self, policy: CostAwareExit, copies: list[tuple[int, list[int]]]) -> list[float]:
+        """P(accepted) of the later copies' first tokens that the trie would fork beside the chain's first token: a
+        chain whose first token alone does not pay may pay with them (`CostAwareExit.plan`'s siblings), as near the
+        end of HumanEval/3's answer, where the first copy failed and a sibling copy was right."""
+        firsts, forks = set(copies[0][1][:1]), []
+        for rank, (n, branch) in enumerate(copies[1:], 1):
+            if branch and branch[0] not in firsts and len(firsts) < min(self.width, self.nodes):
+                firsts.add(branch[0])
+                forks.append(policy.branch_probability(*node_kind(policy, n, rank, True, True)))
+        return forks
+
+
+def node_kind(policy: CostAwareExit, n: int, rank: int, fork: bool, at_root: bool) -> tuple[tuple, float]:
+    """A trie node's key for `CostAwareExit.branch_probability` (the match length n, the copy's rank, whether it
+    forks beside an earlier sibling) and its prior: a fork wins only where its earlier siblings lose (beside the
+    root, a copy's first token), a node that goes on with its copy as a copy's later tokens do."""
+    sibling_rate = policy.first_rate if at_root else policy.later_rate
+    return ("ngram", n, min(rank, RANKS), fork), (1 - sibling_rate) / (1 + rank) if fork else policy.later_rate
 
 
 def add_branch(draft: Draft, branch: list[int], nodes: int, width: int) -> list[int]:
