@@ -1,6 +1,7 @@
 """Experiment configs compose; tiny runs of every experiment write records that `make figures` turns into figures."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -8,13 +9,21 @@ import yaml
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from selfspec.data.prompt_sets import encode_prompt, load_prompt_set
+from selfspec.decoding.costs import DraftCosts
+from selfspec.decoding.draft_exit import CostAwareExit
+from selfspec.decoding.drafters import GenerationContext, NgramDrafter, NgramTreeDrafter
+from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
+from selfspec.models.loading import load_model
+from selfspec.models.tiny import byte_tokenizer, tiny_model
 from selfspec.plots import figures as figs
 from selfspec.records import runs as runs_
-from selfspec.settings import make_skip_set
+from selfspec.settings import default_settings, from_config, make_skip_set
 
-from helpers import FIGURES
+from helpers import FIGURES, pinned
 import batch_throughput  # experiments/, on sys.path by conftest
+import copy_replay
 import head_data_scaling
 import self_ngram_store
 from random_skip_sets import random_skip_sets, skip_sets_yaml
@@ -207,3 +216,48 @@ def test_self_ngram_store_scores_copies_and_the_store_per_category(capsys, tmp_p
         for cell in row[2:]:
             rate, predicted = cell.split(" (")
             assert 0.0 <= float(rate) <= 1.0 and int(predicted.rstrip(")")) <= int(row[1])
+
+
+def test_copy_replay_steps_as_the_decoding_loop_does():
+    """Replayed over plain decoding's output, each copier (a trie and a chain, cost-aware, its costs pinned) drafts as
+    many nodes and emits as many tokens as in the live loop, step for step."""
+    model = tiny_model("llama", num_layers=4).double()
+    prompt = byte_tokenizer()("def fib(n):\n    return fib(n - 1) + fib(n - 2)\n\ndef fib").input_ids
+    settings = replace(default_settings().sampling, max_new_tokens=40)
+    output = generate(model, prompt, settings).new_tokens
+    costs = DraftCosts(tuple(10.0 + 0.3 * q for q in range(11)), 0.0)
+
+    def copiers():
+        return (NgramTreeDrafter(model, 3, 10, 10, 3, pinned(CostAwareExit(10, costs=costs))),
+                NgramDrafter(model, 3, 10, pinned(CostAwareExit(10, costs=costs))))
+
+    for live, replayed in zip(copiers(), copiers()):
+        steps = [(step.emitted, step.drafted) for step in generate(model, prompt, settings, live).steps]
+        assert copy_replay.replay(replayed, GenerationContext(None, settings), prompt, output) == steps
+        assert sum(drafted > 0 for _, drafted in steps) >= 3
+
+
+def test_copy_replay_tables_both_copiers_per_category_for_each_variant(capsys, tmp_path):
+    overrides = ["model=tiny_llama", "data.limit=1", "sampling.max_new_tokens=12"]
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        settings = from_config(compose("config", overrides=["data=mix", *overrides]))
+    loaded = load_model(settings.model)
+    prompts = load_prompt_set(settings.data)
+    rows = [{"strategy": "plain", "question_id": p.question_id, "category": p.category, "turn": 0,
+             "output_ids": generate(loaded.model, encode_prompt(loaded.tokenizer, p), settings.sampling,
+                                    end_ids=loaded.end_ids).new_tokens} for p in prompts]
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    copy_replay.main(tmp_path, [*overrides, "--", "draft.tree_depth=2", "--", "draft.ngram_size=1"])
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("| variant"))
+    assert header.strip("| ").split(" | ")[2:] == ["all", *sorted({p.category for p in prompts})]
+    table = [line.strip("| ").split(" | ") for line in lines if line.startswith("| draft.")]
+    assert [row[:2] for row in table] == [[f"draft.{variant}", f"`{copier}`"] for variant in
+                                          ("tree_depth=2", "ngram_size=1")
+                                          for copier in ("prompt_lookup_tree", "self_spec_hybrid")]
+    for row in table:
+        assert len(row) == len(header.strip("| ").split(" | "))
+        assert all(float(cell.split(" (")[1].rstrip(")")) >= 1.0 for cell in row[2:])  # tokens per verification
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(row | {"strategy": "self_spec"}) + "\n" for row in rows))
+    with pytest.raises(SystemExit, match="holds no plain decoding"):
+        copy_replay.main(tmp_path, overrides)
