@@ -209,8 +209,8 @@ class CostAwareExit(DraftExit):
 
     def best_length(self, max_tokens: int, siblings: Sequence[float] = ()) -> tuple[int, float]:
         """The draft length k in 1..max_tokens with the best expected speedup at the estimated acceptance. A tree's
-        `siblings`: P(accepted) of the nodes it can add beside the draft's first token (the most likely first), each
-        counted at the wider verify it costs, where it pays."""
+        `siblings`: P(accepted) of the nodes it can add beside the draft's first token, each counted (the likeliest
+        first) at the wider verify it costs, where it pays."""
         siblings, emitted = sorted(siblings, reverse=True), {}
         for k in range(1, self.longest(max_tokens) + 1):
             chain = expected_emitted(self.later_rate, k, self.first_rate)
@@ -229,13 +229,13 @@ class CostAwareExit(DraftExit):
 
     def plan(self, max_tokens: int, siblings: Sequence[float] = ()) -> int:
         """The most tokens to draft this step (should_stop ends the draft sooner): 0 when no draft length is
-        expected to pay, a tree's with the `siblings` of its first token (best_length) included, except every `wait`
-        steps (a probe, so that the estimate can recover). A drafter that cannot
-        pay at all (`can_pay`) drafts a single token every 64 such steps in a row, counted across generations (answers
-        are often shorter), so that it meets its costs again: idle, it meets only c(1), which moves every cost alike,
-        so costs met in a slow spell while it drafted would keep it idle for good (Gemma-3's layer-skip draft with a
-        margin of 1.3 here). What it met before is stale by then, so the probe's reading weighs as much (`followed`).
-        Such a probe costs SmolLM2's layer-skip draft about 0.4 of a plain step."""
+        expected to pay (a tree's with the `siblings` of its first token: best_length), except every `wait` steps (a
+        probe, so that the estimate can recover). A drafter that cannot pay at all (`can_pay`) drafts a single token
+        every 64 such steps in a row, counted across generations (answers are often shorter), so that it meets its
+        costs again: idle, it meets only c(1), which moves every cost alike, so costs met in a slow spell while it
+        drafted would keep it idle for good (Gemma-3's layer-skip draft with a margin of 1.3 here). What it met
+        before is stale by then, so the probe's reading weighs as much (`followed`). Such a probe costs SmolLM2's
+        layer-skip draft about 0.4 of a plain step."""
         self.confidences, self.survival, self.emitted, self.branches = [], 1.0, 1.0, []
         if not self.can_pay(max_tokens):
             self.unpaid += 1
