@@ -25,8 +25,8 @@ from pathlib import Path
 from hydra import compose, initialize_config_dir
 
 from selfspec.data.prompt_sets import encode_prompt, load_prompt_set
-from selfspec.decoding.drafters import Draft, GenerationContext
 from selfspec.decoding.costs import CostMeter
+from selfspec.decoding.drafters import Draft, GenerationContext
 from selfspec.decoding.strategies import make_strategy
 from selfspec.decoding.tree import tree_paths
 from selfspec.models.layouts import num_layers
@@ -54,20 +54,20 @@ def accepted(draft: Draft, truth: list[int]) -> list[int]:
 
 
 def replay(drafter, context: GenerationContext, prompt: list[int], output: list[int]) -> list[tuple[int, int]]:
-    """(tokens emitted, draft nodes verified) per verification of decoding `output` after `prompt` with `drafter`;
-    the first output token is the prefill's."""
+    """(tokens emitted, draft nodes verified) per verification of decoding `output` after `prompt` with `drafter`,
+    drafting as far as the loop would (max_new_tokens) where the output ended sooner; the first output token is the
+    prefill's."""
     drafter.begin(context)
     steps, done = [], 1
     while done < len(output):
-        remaining = len(output) - done
-        most = min(drafter.max_tokens, remaining - 1)
+        most = min(drafter.max_tokens, context.settings.max_new_tokens - done - 1)
         draft = drafter.draft(prompt + output[:done], most) if most > 0 else Draft()
         path = accepted(draft, output[done:]) if draft.tokens else []
         if draft.parents is not None and draft.tokens:
             drafter.update(max(map(len, tree_paths(draft.parents))), len(path), path, draft.source)
         elif draft.tokens:
             drafter.update(len(draft.tokens), len(path), source=draft.source)
-        steps.append((min(len(path) + 1, remaining), len(draft.tokens)))
+        steps.append((min(len(path) + 1, len(output) - done), len(draft.tokens)))
         done += steps[-1][0]
     return steps
 

@@ -220,21 +220,25 @@ def test_self_ngram_store_scores_copies_and_the_store_per_category(capsys, tmp_p
 
 def test_copy_replay_steps_as_the_decoding_loop_does():
     """Replayed over plain decoding's output, each copier (a trie and a chain, cost-aware, its costs pinned) drafts as
-    many nodes and emits as many tokens as in the live loop, step for step."""
+    many nodes and emits as many tokens as in the live loop, step for step: to max_new_tokens, and to an end id."""
     model = tiny_model("llama", num_layers=4).double()
     prompt = byte_tokenizer()("def fib(n):\n    return fib(n - 1) + fib(n - 2)\n\ndef fib").input_ids
     settings = replace(default_settings().sampling, max_new_tokens=40)
-    output = generate(model, prompt, settings).new_tokens
     costs = DraftCosts(tuple(10.0 + 0.3 * q for q in range(11)), 0.0)
 
     def copiers():
         return (NgramTreeDrafter(model, 3, 10, 10, 3, pinned(CostAwareExit(10, costs=costs))),
                 NgramDrafter(model, 3, 10, pinned(CostAwareExit(10, costs=costs))))
 
-    for live, replayed in zip(copiers(), copiers()):
-        steps = [(step.emitted, step.drafted) for step in generate(model, prompt, settings, live).steps]
-        assert copy_replay.replay(replayed, GenerationContext(None, settings), prompt, output) == steps
-        assert sum(drafted > 0 for _, drafted in steps) >= 3
+    full = generate(model, prompt, settings).new_tokens
+    for end_ids in ((), (full[30],)):
+        output = generate(model, prompt, settings, end_ids=end_ids).new_tokens
+        assert len(output) == 40 if not end_ids else len(output) <= 31
+        for live, replayed in zip(copiers(), copiers()):
+            steps = [(step.emitted, step.drafted) for step in generate(model, prompt, settings, live, end_ids).steps]
+            context = GenerationContext(None, settings, end_ids=end_ids)
+            assert copy_replay.replay(replayed, context, prompt, output) == steps
+            assert sum(drafted > 0 for _, drafted in steps) >= 3
 
 
 def test_copy_replay_tables_both_copiers_per_category_for_each_variant(capsys, tmp_path):
