@@ -29,42 +29,27 @@ from selfspec.decoding.costs import CostMeter
 from selfspec.decoding.drafters import Draft, GenerationContext
 from selfspec.decoding.strategies import make_strategy
 from selfspec.decoding.tree import tree_paths
+from selfspec.models.attention_masks import chain
 from selfspec.models.layouts import num_layers
 from selfspec.models.loading import load_model
 from selfspec.models.skip_config import resolve_skip
 from selfspec.settings import from_config
 
 
-def accepted(draft: Draft, truth: list[int]) -> list[int]:
-    """The draft's nodes that greedy verification accepts when the next tokens are `truth`: a chain's equal prefix, a
-    tree's longest path."""
-    if draft.parents is None:
-        length = next((i for i, (token, true) in enumerate(zip(draft.tokens, truth)) if token != true),
-                      min(len(draft.tokens), len(truth)))
-        return list(range(length))
-    path, parent = [], -1
-    while len(path) < len(truth):
-        child = next((i for i, p in enumerate(draft.parents) if p == parent and draft.tokens[i] == truth[len(path)]),
-                     None)
-        if child is None:
-            break
-        path.append(child)
-        parent = child
-    return path
-
-
 def replay(drafter, context: GenerationContext, prompt: list[int], output: list[int]) -> list[tuple[int, int]]:
     """(tokens emitted, draft nodes verified) per verification of decoding `output` after `prompt` with `drafter`,
     drafting as far as the loop would (max_new_tokens) where the output ended sooner; the first output token is the
-    prefill's."""
+    prefill's. Greedy verification keeps the draft's longest path equal to the output's next tokens."""
     drafter.begin(context)
     steps, done = [], 1
     while done < len(output):
         most = min(drafter.max_tokens, context.settings.max_new_tokens - done - 1)
         draft = drafter.draft(prompt + output[:done], most) if most > 0 else Draft()
-        path = accepted(draft, output[done:]) if draft.tokens else []
-        if draft.parents is not None and draft.tokens:
-            drafter.update(max(map(len, tree_paths(draft.parents))), len(path), path, draft.source)
+        paths = tree_paths(draft.parents if draft.parents is not None else chain(len(draft.tokens)))
+        path = max((path for path in paths if [draft.tokens[i] for i in path] == output[done:done + len(path)]),
+                   key=len)
+        if draft.tokens and draft.parents is not None:
+            drafter.update(max(map(len, paths)), len(path), path, draft.source)
         elif draft.tokens:
             drafter.update(len(draft.tokens), len(path), source=draft.source)
         steps.append((min(len(path) + 1, len(output) - done), len(draft.tokens)))
