@@ -211,12 +211,12 @@ class CostAwareExit(DraftExit):
         """The draft length k in 1..max_tokens with the best expected speedup at the estimated acceptance. A tree's
         `siblings`: P(accepted) of the nodes it can add beside the draft's first token, each counted (the likeliest
         first) at the wider verify it costs, where it pays."""
-        siblings, emitted = sorted(siblings, reverse=True), {}
+        siblings, speedups = sorted(siblings, reverse=True), {}
         for k in range(1, self.longest(max_tokens) + 1):
             chain = expected_emitted(self.later_rate, k, self.first_rate)
-            emitted[k] = max(self.costs.speedup(chain + sum(siblings[:m]), k, k + m)
-                             for m in range(min(len(siblings), len(self.costs.verify_ms) - 1 - k) + 1))
-        return max(emitted.items(), key=lambda pair: pair[1])
+            speedups[k] = max(self.costs.speedup(chain + sum(siblings[:m]), k, k + m)
+                              for m in range(min(len(siblings), len(self.costs.verify_ms) - 1 - k) + 1))
+        return max(speedups.items(), key=lambda pair: pair[1])
 
     def can_pay(self, max_tokens: int) -> bool:
         """Whether some draft length would beat plain decoding by `min_best_speedup` (and `min_speedup`) if
