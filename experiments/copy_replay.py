@@ -58,6 +58,9 @@ def replay(drafter, context: GenerationContext, prompt: list[int], output: list[
 
 
 def main(records: Path, overrides: list[str]) -> None:
+    if not (records / "records.jsonl").is_file():
+        sys.exit(f"{records}/records.jsonl does not exist: give the folder of a run that decoded plain (make bench "
+                 f"OUT=<dir> ARGS=\"'strategies=[plain]'\")")
     chunks = [[]]  # the common overrides, then one list a variant
     for argument in overrides:
         if argument == "--":

@@ -265,3 +265,5 @@ def test_copy_replay_tables_both_copiers_per_category_for_each_variant(capsys, t
     (tmp_path / "records.jsonl").write_text("".join(json.dumps(row | {"strategy": "self_spec"}) + "\n" for row in rows))
     with pytest.raises(SystemExit, match="holds no plain decoding"):
         copy_replay.main(tmp_path, overrides)
+    with pytest.raises(SystemExit, match="records.jsonl does not exist"):
+        copy_replay.main(tmp_path / "missing", overrides)
