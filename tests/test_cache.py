@@ -8,6 +8,7 @@ from transformers import DynamicCache
 
 from selfspec.decoding.speculative import generate
 from selfspec.decoding.strategies import make_strategy
+from selfspec.models.attention_masks import MODEL_WINDOWS, mask_windows, model_attention_masks
 from selfspec.models.cache import RewindableCache, forward, new_cache
 from selfspec.models.tiny import tiny_model
 from selfspec.settings import SkipSet, default_settings
@@ -76,6 +77,23 @@ def test_rewindable_cache_takes_one_window_per_layer():
     assert cache.get_mask_sizes(1, 0) == (1, 0)
     with pytest.raises(ValueError, match="2 sliding windows for 3 layers"):
         RewindableCache(3, 16, [4, None])
+
+
+@pytest.mark.parametrize("family, windows", [("llama", None), ("mistral", 8), ("qwen2", {"full_attention": None,
+                                                                                      "sliding_attention": 8}),
+                                              ("gemma3", {"full_attention": None, "sliding_attention": 8})])
+def test_a_models_masks_follow_its_layer_types_read_once(family, windows):
+    """One mask (full, or Mistral's model-wide window), or one per layer type (Qwen2's mixed layers, Gemma-3); read
+    from transformers' layer types once a model, as the read costs more than the mask (~1 ms on SmolLM2)."""
+    model = tiny_model(family, sliding_window=8)
+    assert mask_windows(model.config) == windows
+    masks = model_attention_masks(model, [[-1, 0, 0]], [20], 23, windowed_keys=False)
+    assert MODEL_WINDOWS[model] == windows
+    if isinstance(windows, dict):
+        assert set(masks) == set(windows)
+        assert not torch.equal(masks["full_attention"], masks["sliding_attention"])  # keys 0..12 fall out of the window
+    else:
+        assert masks.shape == (1, 1, 3, 23)
 
 
 @pytest.mark.parametrize("name", ["self_spec", "prompt_lookup", "prompt_lookup_tree", "self_spec_tree"])

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from transformers import AttentionInterface, Cache
@@ -48,6 +49,13 @@ class Feed:
         """The cache index just past the furthest block."""
         return max(start + width for start, width in zip(self.starts, self.widths))
 
+    @cached_property
+    def slots(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(packed tokens,) twice: each fed token's cache row and cache index, to write every row's keys in one op."""
+        rows = [row for row, width in zip(self.rows, self.widths) for _ in range(width)]
+        indices = [start + i for start, width in zip(self.starts, self.widths) for i in range(width)]
+        return torch.tensor(rows), torch.tensor(indices)
+
     def blocks(self) -> Iterator[tuple[int, int, int, int]]:
         """(row, cache index, first query of the sequence, width) per fed block."""
         first = 0
@@ -77,9 +85,9 @@ class BatchLayer(RewindableLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        for row, start, first, width in self.feed.blocks():  # key_states: (1, kv_heads, packed tokens, dim)
-            self.key_buffer[row, :, start:start + width] = key_states[0, :, first:first + width]
-            self.value_buffer[row, :, start:start + width] = value_states[0, :, first:first + width]
+        token_rows, indices = (index.to(self.key_buffer.device) for index in self.feed.slots)
+        self.key_buffer[token_rows, :, indices] = key_states[0].transpose(0, 1)  # (packed tokens, kv_heads, dim)
+        self.value_buffer[token_rows, :, indices] = value_states[0].transpose(0, 1)
         rows, end = max(self.feed.rows) + 1, self.feed.end
         return self.key_buffer[:rows, :, :end], self.value_buffer[:rows, :, :end]
 

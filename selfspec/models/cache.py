@@ -62,15 +62,14 @@ class RewindableLayer(DynamicLayer):
         return self.length
 
     @torch.inference_mode()  # the buffers were made inside the forward's inference mode
-    def compact(self, first: int, sources: list[int]) -> None:
-        """Move the entries at positions `sources` (ascending, each at or after its destination) to first, first + 1,
-        ..., then rewind to just after them."""
-        end = first + len(sources)
-        if self.is_initialized and sources:
-            index = torch.tensor(sources, device=self.key_buffer.device)
-            self.key_buffer[:, :, first:end] = self.key_buffer[:, :, index]  # indexing copies: overlap is safe
-            self.value_buffer[:, :, first:end] = self.value_buffer[:, :, index]
-        self.rewind(end)
+    def move(self, first: int, sources: torch.Tensor) -> None:
+        """Copy the entries at positions `sources` (ascending, each at or after its destination) to first, first + 1
+        and on."""
+        if self.is_initialized:
+            sources = sources.to(self.key_buffer.device)
+            end = first + len(sources)
+            self.key_buffer[:, :, first:end] = self.key_buffer[:, :, sources]  # indexing copies: overlap is safe
+            self.value_buffer[:, :, first:end] = self.value_buffer[:, :, sources]
 
 
 def first_visible(start: int, sliding_window: int | None) -> int:
@@ -116,12 +115,16 @@ class RewindableCache(Cache):
 
     def compact(self, first: int, sources: list[int]) -> None:
         """Keep a token tree's accepted path: the entries at `sources` move to positions first.. on every layer, and
-        the cache is rewound to just after them (decoding/tree.py)."""
-        for layer in self.layers:
-            layer.compact(first, sources)
-        with torch.inference_mode():
-            for buffer in self.followers if sources else ():
-                buffer[first:first + len(sources)] = buffer[torch.tensor(sources, device=buffer.device)]
+        the cache is rewound to just after them (decoding/tree.py). A path down the tree's first branch is in place
+        already: nothing moves."""
+        if sources != list(range(first, first + len(sources))):
+            index = torch.tensor(sources)
+            for layer in self.layers:
+                layer.move(first, index)
+            with torch.inference_mode():
+                for buffer in self.followers:
+                    buffer[first:first + len(sources)] = buffer[index.to(buffer.device)]
+        self.rewind(first + len(sources))
 
 
 def new_cache(model, max_len: int) -> RewindableCache:

@@ -12,7 +12,7 @@ Validation counts what the chains accept (objective.py's `chain_acceptance`).
 import torch
 from transformers import DynamicCache
 
-from selfspec.models.attention_masks import masks_by_layer_type
+from selfspec.models.attention_masks import mask_windows, masks_by_layer_type
 from selfspec.models.feature_head import FeatureHead
 from selfspec.models.output_layer import LogitsFinish, output_logits
 
@@ -35,7 +35,7 @@ def chain_mask(lengths: list[int], step: int, width: int, dtype: torch.dtype,
 
 def body_mask(head: FeatureHead, lengths: list[int], step: int, width: int, dtype: torch.dtype, device):
     """The mask argument of the head's one-layer body for step `step` (masks_by_layer_type)."""
-    return masks_by_layer_type(head.body.config,
+    return masks_by_layer_type(mask_windows(head.body.config),
                                lambda window: chain_mask(lengths, step, width, dtype, window).to(device))
 
 
