@@ -13,6 +13,7 @@ from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.drafters import HybridDrafter, NgramDrafter, SelfDrafter
 from selfspec.decoding.drafters import base as drafters_base
 from selfspec.decoding.speculative import generate
+from selfspec.decoding.strategies import make_strategy
 from selfspec.errors import SelfspecError
 from selfspec.models.attention_masks import block_mask
 from selfspec.models.batch_cache import BatchCache, forward_batch
@@ -190,6 +191,15 @@ def test_a_batch_row_measures_its_share_of_the_batch_verify(tiny):
     skip = make_skip_set([1], [], 6)
     assert batch.draft_ms and batch.costs(skip, alone=True).draft_ms == meter.draft_ms[(skip, id(None))]
     assert "a row of 4" in batch.summary()
+
+
+def test_a_batch_rows_cost_aware_policies_know_the_batchs_rows(tiny):
+    strategy = make_strategy("self_spec_hybrid", tiny, default_settings().sampling, (), make_skip_set([1], [], 6),
+                             replace(default_settings().draft, policy="cost", hybrid_policy="cost"),
+                             costs=CostMeter(tiny, 3, repeats=1))
+    assert strategy.drafter.fallback.exit_policy.rows == 1
+    for drafter in strategy.drafters(4):
+        assert drafter.fallback.exit_policy.rows == drafter.ngram.exit_policy.rows == 4
 
 
 def test_a_batch_row_pays_its_share_of_a_plain_step_and_its_own_widening():

@@ -62,6 +62,13 @@ def test_a_draft_that_cannot_pay_drafts_one_token_every_64_steps_to_meet_its_cos
     assert [i for i, k in enumerate(plans) if k] == [63, 127, 191] and set(plans) == {0, 1}
 
 
+def test_a_row_of_a_batch_that_cannot_pay_probes_as_often_as_the_batch_would_alone():
+    """A row probing alone stalls its batch's other rows for the draft forward: in a batch of 4, every 4 x 64 steps."""
+    policy = CostAwareExit(4, costs=DraftCosts((10.0, 12.0, 14.0, 16.0, 18.0), draft_ms=10.0), rows=4)
+    plans = [policy.plan(4) for _ in range(600)]
+    assert [i for i, k in enumerate(plans) if k] == [255, 511]
+
+
 def test_a_probe_that_meets_a_cheaper_draft_ends_the_idle_spell():
     """Drafts met at 1.5x the meter's d in a slow spell (its c(1) unmet) take the best case below the margin, 1.2:
     5 x 10 / (4 x 7.5 + 10) = 1.25x would have paid, 5 x 10 / (4 x 11.25 + 10) = 0.91x does not. The probes meet d at

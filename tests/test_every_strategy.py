@@ -30,6 +30,7 @@ TEXTS = ["def fib(n):\n    return fib(n - 1) + fib(n - 2)\n\ndef fib", "The cat 
 class PayingCosts:
     """Stands in for the CostMeter: made-up costs under which drafting pays (a draft token 1 ms, c(q) = 10 + 0.5 (q - 1)
     ms); a tiny model's measured costs on a CPU say it never does, and the cost-aware policies would not draft."""
+    rows = 1
 
     def costs(self, skip, head=None, alone=False) -> DraftCosts:
         return DraftCosts(tuple(10.0 + 0.5 * q for q in range(16)), 0.0 if skip is None else 1.0)

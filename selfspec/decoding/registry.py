@@ -55,8 +55,8 @@ class StrategyInputs:
         return self.make_exit_policy(policy, costs, max_tokens)
 
     def make_exit_policy(self, policy: str, costs: DraftCosts | None, max_tokens: int | None = None) -> DraftExit:
-        """A fresh `policy`; the cost-aware one needs the drafter's `costs`."""
-        return make_exit_policy(self.draft, self.settings.greedy, policy, costs, max_tokens)
+        """A fresh `policy`; the cost-aware one needs the drafter's `costs` (a row's, in a batch of costs.rows)."""
+        return make_exit_policy(self.draft, self.settings.greedy, policy, costs, max_tokens, self.costs.rows)
 
     def require_feature_head(self, strategy: str) -> None:
         if self.feature_head is None:
