@@ -7,6 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from selfspec.api.decoder import DEFAULT_DRAFT
 from selfspec.decoding.batch import DecodingBatch, generate_batch
 from selfspec.decoding.costs import CostMeter, batch_row_prices, nondecreasing
 from selfspec.decoding.draft_exit import DraftExit
@@ -195,7 +196,7 @@ def test_a_batch_row_measures_its_share_of_the_batch_verify(tiny):
 
 def test_a_batch_rows_cost_aware_policies_know_the_batchs_rows(tiny):
     strategy = make_strategy("self_spec_hybrid", tiny, default_settings().sampling, (), make_skip_set([1], [], 6),
-                             replace(default_settings().draft, policy="cost", hybrid_policy="cost"),
+                             replace(DEFAULT_DRAFT, policy="cost", hybrid_policy="cost"),
                              costs=CostMeter(tiny, 3, repeats=1))
     assert strategy.drafter.fallback.exit_policy.rows == 1
     for drafter in strategy.drafters(4):

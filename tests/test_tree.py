@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from selfspec.api.decoder import DEFAULT_DRAFT
 from selfspec.decoding.costs import DraftCosts
 from selfspec.decoding.draft_exit import CostAwareExit, DraftExit, ThresholdExit
 from selfspec.decoding.drafters import (Draft, GenerationContext, HybridDrafter, NgramTreeDrafter, SelfDrafter,
@@ -329,7 +330,7 @@ def test_tree_strategies_past_a_model_wide_sliding_window_equal_plain():
     model = AutoModelForCausalLM.from_config(config).double().eval()
     prompt = list(range(3, 40)) * 2  # repeats itself, so copies have matches; far past the window
     greedy = replace(SAMPLING, max_new_tokens=30)
-    draft = replace(default_settings().draft, hybrid_policy="fixed", max_tokens=3)
+    draft = replace(DEFAULT_DRAFT, hybrid_policy="fixed", max_tokens=3)
     plain = generate(model, prompt, greedy).new_tokens
     assert plain == hf_greedy(model, prompt, 30)
     for name in ("prompt_lookup_tree", "self_spec_tree"):

@@ -30,9 +30,10 @@ from selfspec.models.skip_config import resolve_skip
 from selfspec.settings import (DraftSettings, KangarooSettings, SamplingSettings, SkipSet, SkipSettings,
                                default_settings, named)
 
-# The config's defaults, as `python run.py` runs with no overrides (default_settings): the draft options (the adaptive
-# draft exit) and the sampling settings (greedy, 128 new tokens) of callers that give none.
-DEFAULT_DRAFT = default_settings().draft
+# The config's defaults, as `python run.py` runs with no overrides (default_settings): the sampling settings (greedy,
+# 128 new tokens) of callers that give none, and the draft options (the adaptive draft exit) as a model without draft
+# defaults of its own gets them (model=hf: the API takes any model, so no embedded model's head or draft vocabulary).
+DEFAULT_DRAFT = default_settings("model=hf").draft
 DEFAULT_SAMPLING = default_settings().sampling
 DEFAULT_CONSTRAINTS = default_settings().constraints
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit on top_logprobs

@@ -113,9 +113,9 @@ def _resolved(cfg: DictConfig) -> dict:
 
 
 @cache
-def default_settings() -> RunSettings:
-    """The settings of conf/config.yaml with no overrides, as `python run.py` runs: the defaults of the code that
-    runs without run.py (the Python API, tests, experiments/). Built once and shared: replace(), do not mutate.
+def default_settings(*overrides: str) -> RunSettings:
+    """The settings of conf/config.yaml with no overrides (or these), as `python run.py` runs: the defaults of the code
+    that runs without run.py (the Python API, tests, experiments/). Built once and shared: replace(), do not mutate.
     Hydra's global state is put back afterwards, so a running Hydra app (run.py) may call it."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
@@ -125,7 +125,7 @@ def default_settings() -> RunSettings:
     GlobalHydra.instance().clear()
     try:  # the running app's job name, which initialize_config_dir sets for the whole process
         with initialize_config_dir(str(CONF), job_name=JobRuntime.instance().get("name"), version_base="1.3"):
-            return from_config(compose("config"))
+            return from_config(compose("config", overrides=list(overrides)))
     finally:
         GlobalHydra.instance().clear()
         if running is not None:
