@@ -31,7 +31,7 @@ LONG_PROMPTS = ["long one", "long five", "row h", "row e"]
 def decoders() -> dict[str, SelfSpeculativeDecoder]:
     """The served strategy and plain decoding over one tiny float64 model, as task=serve builds them."""
     model, tokenizer = tiny_model("llama", num_layers=6).double(), byte_tokenizer()
-    draft = run_settings("draft.hybrid_policy=adaptive").draft  # the cost-aware exit would hardly draft here
+    draft = run_settings("model=tiny_llama", "draft.hybrid_policy=adaptive").draft  # cost-aware would hardly draft
     return {"self_spec_hybrid": SelfSpeculativeDecoder(model, tokenizer, {"attn": [1, 3], "mlp": [2]}, draft,
                                                        "self_spec_hybrid"),
             "plain": SelfSpeculativeDecoder(model, tokenizer, strategy="plain")}
