@@ -117,9 +117,9 @@ def test_bfloat16_stays_bfloat16_through_drafting_and_verification(one_thread, p
     model = load_model(settings(family=family, dtype="bfloat16", device_map="auto")).model
     seen = []  # (weight dtype, hidden dtype) of every output-layer product, the model's and the draft head's
 
-    def spy(weight, hidden, finish=output_layer.LogitsFinish()):
+    def spy(weight, hidden, finish=output_layer.LogitsFinish(), **options):
         seen.append((weight.dtype, hidden.dtype))
-        logits = real(weight, hidden, finish)
+        logits = real(weight, hidden, finish, **options)
         assert torch.equal(logits.to(torch.bfloat16).float(), logits)  # computed in bf16, upcast only at the end
         return logits
     real = output_layer.output_logits

@@ -1,6 +1,7 @@
 """Packed decoder linears (models/packed_linear.py): same math as nn.Linear, swapped in at load where they apply,
 and decoding over them stays lossless."""
 
+import time
 from dataclasses import replace
 
 import pytest
@@ -10,7 +11,8 @@ from torch import nn
 from selfspec.decoding.strategies import make_strategy
 from selfspec.models.kangaroo_adapter import new_adapter
 from selfspec.models.loading import load_model
-from selfspec.models.output_layer import model_logits
+from selfspec.models import output_layer
+from selfspec.models.output_layer import model_logits, output_logits
 from selfspec.models.packed_linear import PackedLinear, pack_linears
 from selfspec.models.layouts import decoder_layers
 from selfspec.models.tiny import tiny_model
@@ -110,3 +112,31 @@ def test_the_packed_output_layer_scores_each_row_alike_whatever_the_rows_and_tra
     trained = hidden[:3].clone().requires_grad_()  # a draft head's training backpropagates through the output layer
     model_logits(packed, trained).sum().backward()
     assert trained.grad is not None and trained.grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("slow", ["gemv", "two_row_gemm"])
+def test_a_drafts_single_row_takes_the_faster_product_timed_once_per_shape(monkeypatch, slow):
+    """Where one product is made slower, a draft head's single row takes the other, chosen on first use and kept
+    for that shape; a verification's single row (no fastest_row) is always the two-row product."""
+    calls = []
+    real = getattr(output_layer, slow)
+
+    def slowed(weight, hidden):
+        calls.append(slow)
+        time.sleep(0.005)
+        return real(weight, hidden)
+
+    monkeypatch.setattr(output_layer, slow, slowed)
+    monkeypatch.setattr(output_layer, "_ONE_ROW", {})
+    torch.manual_seed(0)
+    weight, hidden = torch.randn(300, 16), torch.randn(1, 16)
+    logits = output_logits(weight, hidden, fastest_row=True)  # (1, 300)
+    timed = len(calls)
+    torch.testing.assert_close(logits, (hidden @ weight.T).float(), rtol=1e-5, atol=1e-5)
+    for _ in range(3):
+        output_logits(weight, hidden, fastest_row=True)
+    assert timed == len(calls) == 6  # timed in 6 rounds, the first untimed; since then only the other one ran
+    other = "two_row_gemm" if slow == "gemv" else "gemv"
+    assert output_layer._ONE_ROW[((300, 16), torch.float32, "cpu")].__name__ == other
+    output_logits(weight, hidden)  # verification's row: the two-row product
+    assert len(calls) == 6 + (slow == "two_row_gemm")

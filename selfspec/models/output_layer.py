@@ -1,19 +1,26 @@
 """The output layer as one matrix product we choose, shared by verification, plain steps and draft heads.
 
-`nn.Linear` computes hidden @ W.T; on this CPU (MKL, fp32) that path is several times slower than W @ hidden.T
-for 2-8 rows, and MKL's one-row GEMV is slower than its two-row GEMM (Gemma-3-270M, a (262144, 640) weight:
-43 ms for one row through nn.Linear, 20 ms for two rows as W @ hidden.T). So rows are computed as W @ hidden.T
-and a single row is computed twice. Same math as the model's head; the summation order may differ. A model loaded
+`nn.Linear` computes hidden @ W.T; on the CPU of 2026-11-21 (MKL, fp32) that path was several times slower than
+W @ hidden.T for 2-8 rows, and MKL's one-row GEMV slower than its two-row GEMM (Gemma-3-270M, a (262144, 640)
+weight: 43 ms for one row through nn.Linear, 20 ms for two rows as W @ hidden.T). So rows are computed as
+W @ hidden.T, and a single row twice, so that a row's logits never depend on how many rows came with it. A draft's
+single row is computed whichever way is faster on this machine, timed once per weight shape (`one_row_product`): on
+the memory-bound CPU of 2026-11-28 the GEMV read the same (262144, 640) weight in 41 ms against 78 ms for the
+two-row product, and SmolLM2's 8192-row draft vocabulary in 1.4 ms against 2.9. Same math as the model's head; the
+summation order may differ. A model loaded
 with `model.packed_linears` on the CPU computes its own output layer through oneDNN instead (packed_linear.py), which
 is flat from 1 to 16 rows where `W @ hidden.T` grows 3-4x, and computes each row the same whatever the number of rows.
 """
 
+import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from selfspec.models.devices import loaded_weights
 from selfspec.models.packed_linear import packed_product
+from selfspec.timing import clock
 
 
 @dataclass(frozen=True)
@@ -30,15 +37,44 @@ class LogitsFinish:
         return logits
 
 
-def output_logits(weight: torch.Tensor, hidden: torch.Tensor, finish: LogitsFinish = LogitsFinish()) -> torch.Tensor:
+def output_logits(weight: torch.Tensor, hidden: torch.Tensor, finish: LogitsFinish = LogitsFinish(),
+                  fastest_row: bool = False) -> torch.Tensor:
     """(rows, hidden) final normed hidden states, (vocab, hidden) weight -> (rows, vocab) fp32 logits.
     The product runs in the weight's dtype (bfloat16 stays bfloat16); only the result is upcast, for softmax and
-    sampling in float32."""
-    rows = hidden.shape[0]
-    if rows == 1:
-        hidden = hidden.repeat(2, 1)  # a real copy: a stride-0 expand takes a slow path (66 ms, not 16)
-    logits = (weight @ hidden.T).T[:rows]  # (rows, vocab)
-    return finish(logits).float()
+    sampling in float32. `fastest_row`: a single row by the faster product here (`one_row_product`), for drafts."""
+    if hidden.shape[0] == 1:
+        product = one_row_product(weight) if fastest_row else two_row_gemm
+        return finish(product(weight, hidden)).float()
+    return finish((weight @ hidden.T).T).float()  # (rows, vocab)
+
+
+def gemv(weight: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.linear(hidden, weight)  # (1, vocab)
+
+
+def two_row_gemm(weight: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """The row computed twice: a real copy, since a stride-0 expand takes a slow path (66 ms, not 16)."""
+    return (weight @ hidden.repeat(2, 1).T).T[:1]  # (1, vocab)
+
+
+_ONE_ROW: dict[tuple, Callable] = {}  # (weight shape, dtype, device) -> the faster of gemv and two_row_gemm here
+
+
+def one_row_product(weight: torch.Tensor, repeats: int = 5) -> Callable:
+    """`gemv` or `two_row_gemm`, whichever took less time (the median of `repeats`, in turns) for one row on this
+    machine with a weight like `weight`, timed on first use."""
+    key = (tuple(weight.shape), weight.dtype, str(weight.device))
+    if key not in _ONE_ROW:
+        row = torch.zeros(1, weight.shape[1], dtype=weight.dtype, device=weight.device)
+        taken = {product: [] for product in (gemv, two_row_gemm)}
+        with torch.inference_mode():
+            for _ in range(repeats + 1):  # the first round untimed
+                for product, times in taken.items():
+                    start = clock(weight.device)
+                    product(weight, row)
+                    times.append(clock(weight.device) - start)
+        _ONE_ROW[key] = min(taken, key=lambda product: statistics.median(taken[product][1:]))
+    return _ONE_ROW[key]
 
 
 def logits_finish(model) -> LogitsFinish:
