@@ -10,8 +10,10 @@ import pytest
 from selfspec import plots
 from selfspec.errors import SelfspecError
 from selfspec.plots import figures as figs
+from selfspec.evaluation.summarize import write_summary
 from selfspec.records import runs as runs_
-from selfspec.records.prompt_records import PromptRecord, RecordedStep, read_jsonl, read_records, verdict
+from selfspec.records.prompt_records import (PromptRecord, RecordedStep, read_jsonl, read_records, summarize,
+                                             verdict)
 from selfspec.settings import SkipSet
 
 from helpers import FIGURES, record, run_records
@@ -178,6 +180,26 @@ def test_log_figures_logs_one_image_per_figure():
     run = Run()
     figs.log_figures(run, {"a": plots.plot_skip_mask(SkipSet(attn=(0,)), 2)})
     assert list(run.logged) == ["figures/a"] and isinstance(run.logged["figures/a"], wandb.Image)
+
+
+def test_summary_md_gives_each_categorys_speedup_and_tokens_per_verification(tmp_path):
+    """A mix's summary.md ends with a table per prompt category (all first), each cell the speedup over plain and the
+    tokens per verification of summary.json's by_category; prompts of one category get no such table."""
+    summary = summarize(run_records(strategies=("plain", "self_spec"), categories=("code", "writing", "math")))
+    write_summary(tmp_path, summary, "m, 6 prompts, greedy")
+    text = (tmp_path / "summary.md").read_text()
+    head, table = text.split("Speedup over plain decoding per prompt category (tokens per verification):\n\n")
+    assert head.startswith("m, 6 prompts, greedy\n\n| strategy | tokens_per_s")
+    rows = table.strip().splitlines()
+    assert rows[0] == "| strategy | all | code | writing | math |" and len(rows) == 4
+    spec = summary["self_spec"]
+    cells = [spec, *(spec["by_category"][cat] for cat in ("code", "writing", "math"))]
+    assert rows[3] == "| self_spec | " + " | ".join(f"{c['speedup']:.2f} ({c['mean_accepted_tokens']:.2f})"
+                                                    for c in cells) + " |"
+    assert rows[2].startswith("| plain | 1.00 (1.00) | 1.00 (1.00)")
+    assert len({f"{c['speedup']:.2f}" for c in cells}) > 1  # the categories' speedups differ: each is its own
+    write_summary(tmp_path, summarize(run_records(categories=("code",))), "m, 2 prompts, greedy")
+    assert "per prompt category" not in (tmp_path / "summary.md").read_text()
 
 
 def test_verdict_names_the_fastest_and_says_why_slower_strategies_lost():

@@ -7,14 +7,17 @@ import sys
 from pathlib import Path
 
 from selfspec.errors import SelfspecError, print_warnings_as_lines
-from selfspec.records.prompt_records import markdown_table, read_records, summarize, verdict
+from selfspec.records.prompt_records import category_table, markdown_table, read_records, summarize, verdict
 from selfspec.records.run_dir import RECORDS_FILE, SETTINGS_FILE, write_file
 from selfspec.records.runs import sampling_label
 
 
 def write_summary(out_dir: Path, summary: dict, title: str) -> str:
-    """Write summary.json and summary.md (`title`, then the table) into out_dir; returns the table."""
+    """Write summary.json and summary.md (`title`, then the table, its verdict and, for prompts of several
+    categories, the speedups per category) into out_dir; returns what summary.md holds after the title."""
     table = f"{markdown_table(summary)}\n\n{verdict(summary)}".strip()
+    if by_category := category_table(summary):
+        table += f"\n\nSpeedup over plain decoding per prompt category (tokens per verification):\n\n{by_category}"
     write_file(out_dir / "summary.json", json.dumps(summary, indent=2))
     write_file(out_dir / "summary.md", f"{title}\n\n{table}\n")
     return table

@@ -218,6 +218,26 @@ def markdown_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def category_table(summary: dict) -> str:
+    """Each strategy's speedup over plain decoding and its tokens per verification (in brackets), over all prompts and
+    per prompt category (summary.json's `by_category`): where a mix gains and where it falls short. Empty for
+    prompts of one category."""
+    categories = list(dict.fromkeys(cat for row in summary.values() for cat in row.get("by_category", {})))
+    if len(categories) < 2:
+        return ""
+    lines = ["| strategy | all | " + " | ".join(categories) + " |", "|---" * (len(categories) + 2) + "|"]
+    for name, row in summary.items():
+        cells = [row, *(row.get("by_category", {}).get(cat) for cat in categories)]
+        lines.append(f"| {name} | " + " | ".join(_speed_cell(cell) for cell in cells) + " |")
+    return "\n".join(lines)
+
+
+def _speed_cell(row: dict | None) -> str:
+    if row is None or row.get("speedup") is None:
+        return "-"
+    return f"{row['speedup']:.2f} ({row['mean_accepted_tokens']:.2f})"
+
+
 def verdict(summary: dict) -> str:
     """One sentence under the table: which strategy was fastest and, for each strategy slower than plain decoding,
     why, in measured terms: tokens per verification step against the time of a step in plain steps."""
