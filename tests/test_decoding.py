@@ -10,7 +10,7 @@ from helpers import (assert_cache_holds, chi_square_pvalue, exact_pair_distribut
                      run_settings)
 
 from selfspec.data.prompt_sets import calibration_texts
-from selfspec.decoding.costs import CostMeter, DraftCosts, paced_ms, timed_ms_each
+from selfspec.decoding.costs import CostMeter, DraftCosts, paced_ms
 from selfspec.decoding.draft_exit import AdaptiveExit, CostAwareExit, DraftExit, ThresholdExit
 from selfspec.decoding.drafters import (GenerationContext, HybridDrafter, ModelDrafter, NgramDrafter, NgramTreeDrafter,
                                         SelfDrafter, ngram_continuation)
@@ -21,6 +21,7 @@ from selfspec.errors import SelfspecError
 from selfspec.models.cache import forward, new_cache
 from selfspec.models.tiny import tiny_model
 from selfspec.settings import default_settings, make_skip_set
+from selfspec.timing import timed_ms_each
 
 SAMPLING = default_settings().sampling  # the config's: greedy, 128 new tokens
 GREEDY = replace(SAMPLING, max_new_tokens=60)
@@ -213,9 +214,9 @@ def test_a_layer_skip_drafter_swaps_its_sublayers_only_for_steps_that_draft(tiny
 
 def test_costs_are_timed_round_after_round_so_a_slow_spell_falls_on_every_q(monkeypatch):
     calls, now = [], iter(range(100))
-    monkeypatch.setattr("selfspec.decoding.costs.clock", lambda device: next(now))  # each reading 1 s after the last
+    monkeypatch.setattr("selfspec.timing.clock", lambda device: next(now))  # each reading 1 s after the last
     steps = [lambda q=q: calls.append(q) for q in (1, 2, 3)]
-    assert timed_ms_each(steps, repeats=2) == [1000.0] * 3
+    assert timed_ms_each(steps, "cpu", repeats=2) == [1000.0] * 3
     assert calls == [1, 2, 3] * 3  # one untimed round, then two timed ones, every step in each
 
 
@@ -223,7 +224,7 @@ def test_a_draft_timed_in_turns_with_a_plain_step_keeps_its_ratio_through_a_slow
     """A draft token takes 1.5 plain steps; in the last four of the seven timed rounds the machine runs 4x slower.
     Timed alone its median would read the slow spell (6 s); paced, it reads 1.5 x the meter's c(1)."""
     now, rounds = [0.0], []
-    monkeypatch.setattr("selfspec.decoding.costs.clock", lambda device: now[0])
+    monkeypatch.setattr("selfspec.timing.clock", lambda device: now[0])
 
     def spell():
         return 4.0 if len(rounds) > 4 else 1.0

@@ -25,7 +25,7 @@ from selfspec.models.output_layer import model_logits
 from selfspec.models.layouts import decoder_layers, sublayer_modules
 from selfspec.models.skip import skipping
 from selfspec.settings import SkipSet
-from selfspec.timing import clock
+from selfspec.timing import clock, timed_ms_each
 
 CONTEXT, REPEATS = 200, 15
 
@@ -181,21 +181,6 @@ def expected_speedup(mean_accepted_tokens: float, drafted_per_step: float, skipp
 def timed_ms(step, device: torch.device | str = "cpu", repeats: int = REPEATS) -> float:
     """Median milliseconds of `step()` (running on `device`) after one untimed call."""
     return timed_ms_each([step], device, repeats)[0]
-
-
-def timed_ms_each(steps: list, device: torch.device | str = "cpu", repeats: int = REPEATS) -> list[float]:
-    """Median milliseconds of each of `steps`, timed in turn, round after round, after one untimed round: a slow
-    spell on a shared machine falls on every step alike, not on whichever one was being timed (c(q) measured one q
-    after another here once read 47 / 64 / 50 / 47 ms for q = 1..4)."""
-    for step in steps:
-        step()
-    times: list[list[float]] = [[] for _ in steps]
-    for _ in range(repeats):
-        for step, taken in zip(steps, times):
-            start = clock(device)
-            step()
-            taken.append(clock(device) - start)
-    return [1000 * statistics.median(taken) for taken in times]
 
 
 def nondecreasing(values: list[float]) -> list[float]:

@@ -12,7 +12,6 @@ with `model.packed_linears` on the CPU computes its own output layer through one
 is flat from 1 to 16 rows where `W @ hidden.T` grows 3-4x, and computes each row the same whatever the number of rows.
 """
 
-import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,7 +19,7 @@ import torch
 
 from selfspec.models.devices import loaded_weights
 from selfspec.models.packed_linear import packed_product
-from selfspec.timing import clock
+from selfspec.timing import timed_ms_each
 
 
 @dataclass(frozen=True)
@@ -66,14 +65,11 @@ def one_row_product(weight: torch.Tensor, repeats: int = 5) -> Callable:
     key = (tuple(weight.shape), weight.dtype, str(weight.device))
     if key not in _ONE_ROW:
         row = torch.zeros(1, weight.shape[1], dtype=weight.dtype, device=weight.device)
-        taken = {product: [] for product in (gemv, two_row_gemm)}
+        products = (gemv, two_row_gemm)
         with torch.inference_mode():
-            for _ in range(repeats + 1):  # the first round untimed
-                for product, times in taken.items():
-                    start = clock(weight.device)
-                    product(weight, row)
-                    times.append(clock(weight.device) - start)
-        _ONE_ROW[key] = min(taken, key=lambda product: statistics.median(taken[product][1:]))
+            taken = timed_ms_each([lambda product=product: product(weight, row) for product in products],
+                                  weight.device, repeats)
+        _ONE_ROW[key] = products[taken.index(min(taken))]
     return _ONE_ROW[key]
 
 
