@@ -2,7 +2,8 @@
 and Gemma-2. The strategies come from the registry, so a new one is checked here without touching this file; the
 HF generate baselines are HF's own decoding (tests/test_hf_baselines.py). With banned words on, every strategy rolls
 back where plain decoding does. The strategies that take a feature head
-(draft.head) draft with an untrained one here, and the hybrid and tree again with the layer-skip draft."""
+(draft.head) draft with an untrained one here, and the hybrid and tree again with the layer-skip draft; the tree
+and store_tree take a token store (draft.store) of the model's own outputs."""
 
 from dataclasses import replace
 
@@ -16,6 +17,7 @@ from selfspec.models.draft_head import make_draft_head
 from selfspec.models.feature_head import new_feature_head, save_feature_head
 from selfspec.models.kangaroo_adapter import new_adapter, save_adapter
 from selfspec.models.tiny import tiny_model
+from selfspec.models.token_store import save_token_store
 from selfspec.settings import default_settings, make_skip_set
 
 from helpers import printable
@@ -45,13 +47,14 @@ class PayingCosts:
 @pytest.fixture(scope="module")
 def drafting_inputs(tiny, tokenizer, tmp_path_factory):
     """What any strategy may need, for one tiny model: a second tiny model to draft, an untrained Kangaroo adapter and
-    feature head (their drafts are poor: the output must not change), a searched skip set with a reduced draft
-    vocabulary, and costs."""
+    feature head (their drafts are poor: the output must not change), a token store of the model's own outputs for
+    the texts, a searched skip set with a reduced draft vocabulary, and costs."""
     adapter_path = tmp_path_factory.mktemp("kangaroo") / "adapter.pt"
     save_adapter(adapter_path, new_adapter(tiny, 3), tiny, 3)
-    head_path = adapter_path.with_name("head.pt")
+    head_path, store_path = adapter_path.with_name("head.pt"), adapter_path.with_name("store.pt")
     save_feature_head(head_path, new_feature_head(tiny), tiny)
-    return dict(skip=make_skip_set([1], [2], 6), draft=replace(DRAFT, head=str(head_path)),
+    save_token_store(store_path, [generate(tiny, tokenizer(text).input_ids, GREEDY).new_tokens for text in TEXTS], tiny)
+    return dict(skip=make_skip_set([1], [2], 6), draft=replace(DRAFT, head=str(head_path), store=str(store_path)),
                 draft_model=tiny_model("llama", num_layers=2, seed=1).double(),
                 kangaroo=replace(DEFAULTS.kangaroo, adapter_path=str(adapter_path)),
                 searched=(make_skip_set([2, 4], [3], 6), make_draft_head(tiny, tokenizer, 64, TEXTS)),

@@ -25,7 +25,6 @@ from helpers import FIGURES, pinned
 import batch_throughput  # experiments/, on sys.path by conftest
 import copy_replay
 import head_data_scaling
-import self_ngram_store
 from random_skip_sets import random_skip_sets, skip_sets_yaml
 from sample_records import TEST_RUNS, slim
 
@@ -191,31 +190,6 @@ def test_head_data_scaling_trains_a_head_per_share_for_the_same_steps(capsys, tm
     for bad in ("shares=0,1", "shares=half"):
         with pytest.raises(SelfspecError, match=f"{bad}: shares are numbers in"):
             head_data_scaling.main(["model=tiny_llama", bad])
-
-
-def test_self_ngram_store_predicts_the_commonest_successor_of_the_longest_tail_seen_twice():
-    """Only generated tokens are stored as successors; a longer tail seen twice outvotes a shorter one's majority."""
-    store = self_ngram_store.build_store([[0, 5, 1, 7, 5, 1, 7, 6, 1, 8, 6, 1, 8, 2, 1, 8]], [2])
-    assert self_ngram_store.store_prediction(store, [5, 1]) == 7  # (5, 1) -> 7, 7
-    assert self_ngram_store.store_prediction(store, [3, 1]) == 8  # (3, 1) unseen; (1,) -> 7, 7, 8, 8, 8
-    assert self_ngram_store.store_prediction(store, [2, 1]) == 8  # (2, 1) seen once; (1,) decides
-    assert self_ngram_store.store_prediction(store, [0]) is None  # 0 is followed by a prompt token only
-    assert self_ngram_store.store_prediction(store, [4]) is None
-
-
-def test_self_ngram_store_scores_copies_and_the_store_per_category(capsys, tmp_path):
-    self_ngram_store.main(["model=tiny_llama", f"train.data_dir={tmp_path}", "train.sets=[chat]",
-                           "train.prompts_per_set=6", "train.samples_per_prompt=1", "train.max_new_tokens=6",
-                           "train.generate_batch=6", "data.limit=1", "sampling.max_new_tokens=8"])
-    out = capsys.readouterr().out
-    assert "of 6 calibration prompts" in out
-    rows = [line.strip("| ").split(" | ") for line in out.splitlines()
-            if line.startswith("| ") and not line.startswith("| category")]
-    assert len(rows) >= 2 and all(int(row[1]) > 0 for row in rows)
-    for row in rows:  # right / predicted (positions predicted), each rate in [0, 1]
-        for cell in row[2:]:
-            rate, predicted = cell.split(" (")
-            assert 0.0 <= float(rate) <= 1.0 and int(predicted.rstrip(")")) <= int(row[1])
 
 
 def test_copy_replay_steps_as_the_decoding_loop_does():

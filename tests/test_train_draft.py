@@ -152,23 +152,26 @@ def test_shards_are_reused_and_training_resumes_exactly_and_reproducibly(model, 
 
 
 @pytest.mark.slow
-def test_run_py_trains_resumes_and_benchmarks_a_feature_head(tmp_path):
+def test_run_py_trains_resumes_and_benchmarks_a_feature_head_and_its_token_store(tmp_path):
     train = ["experiment=train_draft", *SMALL, f"hydra.run.dir={tmp_path / 'train'}"]
     result = run_py(*TINY_RUN, *train, "train.epochs=1", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    head = tmp_path / "train" / "head.pt"
-    assert head.is_file() and f"draft.head={head}" in result.stdout
+    head, store = tmp_path / "train" / "head.pt", tmp_path / "train" / "store.pt"
+    assert head.is_file() and f"draft.head={head} draft.store={store}" in result.stdout
+    saved = torch.load(store, weights_only=True)  # the generations, without their prompts, -1 after each
+    generated = sum(1 for token in saved["state_dict"]["tokens"].tolist() if token == -1)
+    assert saved["kind"] == "store" and generated == saved["sequences"] > 0 and "commit" in saved["made_by"]
     assert "generate: 100%" in result.stderr and "train: 100%" in result.stderr and "epoch 1:" in result.stdout
     result = run_py(*TINY_RUN, *train[:-1], "train.epochs=2", f"train.resume={tmp_path / 'train'}",
                     f"hydra.run.dir={tmp_path / 'resume'}", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resuming from" in result.stdout and "after epoch 1" in result.stdout and "epoch 2:" in result.stdout
     result = run_py(*TINY_RUN, "data=chat", "data.limit=2", "sampling.max_new_tokens=24",
-                    "strategies=[plain,self_spec_head,self_spec_tree]", f"draft.head={head}",
-                    f"hydra.run.dir={tmp_path / 'eval'}", timeout=300)
+                    "strategies=[plain,self_spec_head,self_spec_tree,store_tree]", f"draft.head={head}",
+                    f"draft.store={store}", f"hydra.run.dir={tmp_path / 'eval'}", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
-    assert list(summary) == ["plain", "self_spec_head", "self_spec_tree"]
+    assert list(summary) == ["plain", "self_spec_head", "self_spec_tree", "store_tree"]
     assert all(summary[name]["outputs_match_plain"] == 1.0 for name in summary)
 
 

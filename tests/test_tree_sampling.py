@@ -10,11 +10,12 @@ import torch
 from selfspec.decoding import tree
 from selfspec.decoding.costs import DraftCosts
 from selfspec.decoding.draft_exit import CostAwareExit, DraftExit
-from selfspec.decoding.drafters import Draft, HybridDrafter, NgramTreeDrafter, SelfTreeDrafter
+from selfspec.decoding.drafters import Draft, HybridDrafter, NgramTreeDrafter, SelfTreeDrafter, StoreTreeDrafter
 from selfspec.decoding.drafters.layer_skip_tree import branches
 from selfspec.decoding.speculative import generate
 from selfspec.decoding.tree import verify_tree_sampled
 from selfspec.models.tiny import tiny_model
+from selfspec.models.token_store import TokenStore
 from selfspec.settings import default_settings, make_skip_set
 
 from helpers import chi_square_pvalue, exact_pair_distribution
@@ -151,21 +152,28 @@ COPY_PROMPT = [253, 44, 157, 253, 157, 166, 157, 157, 157, 253]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("drafter_kind", ["self_tree", "hybrid_tree", "cost_shaped_tree"])
+@pytest.mark.parametrize("drafter_kind", ["self_tree", "hybrid_tree", "cost_shaped_tree", "store_tree"])
 def test_sampled_tree_verification_matches_plain_sampling_and_a_broken_rule_fails(drafter_kind, monkeypatch):
     """Chi-square goodness of fit of (token 2, token 3) against the exact distribution of plain sampling: the
     layer-skip tree (always two sampled children at each level), and the hybrid (n-gram tries of one-hot copies when
     the first token has earlier occurrences, else that layer-skip tree), and the layer-skip tree whose runner-ups
-    the cost-aware policy keeps or drops by their learnt worth (which must not look at the drawn tokens). Leaving
-    out the residual update fails (checked on the first two, which branch at every step; the policy branches in
-    too few steps for 500 draws to tell)."""
+    the cost-aware policy keeps or drops by their learnt worth (which must not look at the drawn tokens), and the
+    token store's tree (two children drawn from its counts at each level; the store: the model's own samples). Leaving
+    out the residual update fails (checked on all but the policy's, which branches in too few steps for 500 draws to
+    tell)."""
     skip, costs = make_skip_set([], [1], 2), DraftCosts((10.0, 10.5, 11.0, 11.5, 12.0, 12.5, 13.0), 0.5)
     skip_tree = SelfTreeDrafter(MODEL, skip, DraftExit(2), nodes=6, depth=2, width=2, branch_below=1.0)
     cost_tree = SelfTreeDrafter(MODEL, skip, CostAwareExit(2, costs=costs), nodes=6, depth=2, width=2)
+    samples = replace(SAMPLING, temperature=1.0, top_k=3, max_new_tokens=4)
+    gen = torch.Generator().manual_seed(5)
+    store = TokenStore.of([generate(MODEL, [5, 40, 77], samples, generator=gen).new_tokens for _ in range(40)],
+                          MODEL.get_output_embeddings().weight.shape[0])
     drafter, prompt, sources = {"self_tree": (skip_tree, [5, 40, 77], {"model"}),
                                 "hybrid_tree": (HybridDrafter(NgramTreeDrafter(MODEL, 2, 6, 2, 3), skip_tree),
                                                 COPY_PROMPT, {"model", "ngram"}),
-                                "cost_shaped_tree": (cost_tree, [5, 40, 77], {"model"})}[drafter_kind]
+                                "cost_shaped_tree": (cost_tree, [5, 40, 77], {"model"}),
+                                "store_tree": (StoreTreeDrafter(MODEL, store, DraftExit(2), nodes=6, depth=2, width=2,
+                                                                branch_below=1.0), [5, 40, 77], {"store"})}[drafter_kind]
     exact = exact_pair_distribution(MODEL, prompt, replace(SAMPLING, temperature=1.0, top_k=3, max_new_tokens=3))
     counts, branched = tree_counts(drafter, prompt, 2000, seed=0)
     assert set(counts) <= set(exact) and branched == sources

@@ -64,7 +64,7 @@ def test_a_search_logs_its_best_skip_set_and_trials(tmp_path):
 
 
 @pytest.mark.parametrize("kind,file", [("feature", "head.pt"), ("kangaroo", "adapter.pt")])
-def test_draft_training_logs_its_losses_and_best_part(tmp_path, kind, file):
+def test_draft_training_logs_its_losses_best_part_and_token_store(tmp_path, kind, file):
     settings = run_settings(*WANDB, "experiment=train_draft", f"draft_head={kind}", "train.sets=[chat]",
                             "train.prompts_per_set=3", "train.samples_per_prompt=1", "train.max_new_tokens=8",
                             "kangaroo.exit_layer=4", "train.epochs=1")
@@ -72,5 +72,5 @@ def test_draft_training_logs_its_losses_and_best_part(tmp_path, kind, file):
     found = logged(tmp_path)
     assert list(found) == [f"tiny_llama-{kind}"]
     model = found[f"tiny_llama-{kind}"]
-    assert model["type"] == "model" and model["files"] == {file: md5(part)}
+    assert model["type"] == "model" and model["files"] == {file: md5(part), "store.pt": md5(tmp_path / "store.pt")}
     assert model["metadata"]["val_loss"] == torch.load(part, weights_only=True)["val_loss"]

@@ -47,7 +47,7 @@ SkipSpec = SkipSet | SkipSettings | dict | str | Path | None  # {"attn": [...], 
 class Completion:
     text: str  # before the first stop string, special tokens left out
     token_ids: list[int]  # every new token, EOS included
-    sources: list[str]  # per token of token_ids: "model" | "ngram" | "verified" (streaming.py)
+    sources: list[str]  # per token of token_ids: "model" | "ngram" | "store" | "verified" (streaming.py)
     prompt_tokens: int
     finish_reason: str  # "stop" (EOS or a stop string) | "length"
     stats: DecodingStats

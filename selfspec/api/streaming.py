@@ -3,8 +3,8 @@ running statistics, stop strings (the text ends before the first one) and banned
 Tokens whose text may still begin a stop string or a banned word are held back until it cannot; tokens that a
 banned word rolled back are handed out apart, as `rolled_back`, and were never part of the text.
 
-Token sources: the drafter's own (`model`: a layer-skip, Kangaroo or second-model draft; `ngram`: copied from the
-context) for accepted draft tokens, `verified` for the token the full model chose itself (the prefill's first
+Token sources: the drafter's own (`model`: a layer-skip, Kangaroo, feature-head or second-model draft; `ngram`:
+copied from the context; `store`: from the token store of the model's own generations) for accepted draft tokens, `verified` for the token the full model chose itself (the prefill's first
 token, a correction after a rejected draft, the bonus token after a fully accepted one, every plain-decoding token).
 """
 
@@ -66,7 +66,7 @@ class DecodingStats:
 class Token:
     id: int
     text: str  # the text this token adds ("" for a special token or the first bytes of a split character)
-    source: str  # "model" | "ngram" (an accepted draft token) | "verified" (the full model's own choice) | "rolled_back"
+    source: str  # "model" | "ngram" | "store" (an accepted draft token) | "verified" (the model's own) | "rolled_back"
     logprob: TokenLogprob | None = None  # when the generation was asked for log-probabilities
 
 

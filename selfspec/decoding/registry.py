@@ -13,6 +13,7 @@ from selfspec.decoding.draft_exit import CostAwareExit, DraftExit, make_exit_pol
 from selfspec.errors import SelfspecError
 from selfspec.models.draft_head import DraftHead
 from selfspec.models.feature_head import FeatureHead, loaded_feature_head
+from selfspec.models.token_store import TokenStore, loaded_token_store
 from selfspec.settings import DraftSettings, HFSettings, KangarooSettings, SamplingSettings, SkipSet
 
 
@@ -42,6 +43,11 @@ class StrategyInputs:
         return loaded_feature_head(self.model, self.draft.head)
 
     @property
+    def token_store(self) -> TokenStore | None:
+        """draft.store, loaded on first use (once per model): self_spec_tree's draft where the context has no copy."""
+        return loaded_token_store(self.model, self.draft.store)
+
+    @property
     def hybrid_policy(self) -> str:
         """The policy of the strategies that mix copies and model drafts: draft.hybrid_policy, else draft.policy."""
         return self.draft.hybrid_policy or self.draft.policy
@@ -62,6 +68,11 @@ class StrategyInputs:
         if self.feature_head is None:
             raise SelfspecError(f"strategy {strategy} needs draft.head=<head.pt> (or shipped, where the model ships "
                                 f"one); train one with python run.py experiment=train_draft draft_head=feature")
+
+    def require_token_store(self, strategy: str) -> None:
+        if self.token_store is None:
+            raise SelfspecError(f"strategy {strategy} needs draft.store=<store.pt> (or shipped, where the model ships "
+                                f"one); python run.py experiment=train_draft writes one beside head.pt")
 
     def copy_policy(self, policy: str) -> CostAwareExit | None:
         """The copiers' cost-aware policy, which may copy up to draft.ngram_tokens; None under other policies."""

@@ -139,6 +139,7 @@ class DraftSettings:
     tree_width: int
     tree_branch_below: float  # and the layer-skip draft branches where its top probability is below this
     head: Optional[str]  # a trained feature head (head.pt, or shipped): self_spec_head's, and hybrid's and trees' draft
+    store: Optional[str] = None  # a token store (store.pt, or shipped): self_spec_tree's draft where nothing is copied
 
     def __post_init__(self):
         one_of("policy", self.policy, POLICIES)

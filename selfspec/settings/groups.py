@@ -73,6 +73,7 @@ class ModelSettings:
     hf_early_exit_layer: Optional[int] = None  # read by the bench experiment
     searched_skip: Optional[SkipSettings] = None  # strategy self_spec_searched
     feature_head: Optional[str] = None  # read by the draft group (draft.head): shipped, or a head.pt
+    token_store: Optional[str] = None  # read by the draft group (draft.store): shipped, or a store.pt
 
     def __post_init__(self):
         one_of("source", self.source, MODEL_SOURCES)

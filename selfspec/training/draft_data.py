@@ -5,6 +5,8 @@ each draft learns from, in shards so that a killed run keeps what it made.
    padding; prompts batched by length, as every prompt of a batch costs as much as its longest): the greedy one,
    then sampled ones (`train.temperature`), each cut after its first end id. One shard per `train.generate_batch`
    prompts (`tokens-NNNN.pt`), reused by a later run with the same settings.
+   With a store path (experiment=train_draft's store.pt), the generations are also written as a token store
+   (models/token_store.py) before the states are made.
 2. States: one full forward per sequence gives the final normed hidden state at every position (the feature head's
    input and target, the teacher of both drafts) and, for Kangaroo, the state after `exit_layer` layers; stored per
    shard in float16 (`states-<layers>-NNNN.pt`), recomputed only when missing.
@@ -22,6 +24,7 @@ from selfspec.errors import SelfspecError
 from selfspec.models.devices import input_device
 from selfspec.models.layouts import base_model
 from selfspec.models.loading import LoadedModel
+from selfspec.models.token_store import save_token_store
 from selfspec.models.trained_parts import save_atomic
 from selfspec.settings import TrainSettings
 from selfspec.timing import clock
@@ -36,13 +39,17 @@ class TrainingSequence:
     shallow: torch.Tensor | None = None  # (L, hidden): its states after kangaroo.exit_layer layers (Kangaroo only)
 
 
-def training_data(loaded: LoadedModel, settings: TrainSettings, data_dir: Path,
-                  exit_layer: int | None) -> list[TrainingSequence]:
+def training_data(loaded: LoadedModel, settings: TrainSettings, data_dir: Path, exit_layer: int | None,
+                  store_path: Path | None = None, **store_info) -> list[TrainingSequence]:
     """Every training sequence with its states: the model's generations for `training_prompts` and their states
     (after `exit_layer` layers too, if set), each part read back from `data_dir` where an earlier run made it with
-    the same settings."""
+    the same settings. With `store_path`, the generations (without their prompts) are also written there as a token
+    store, with `store_info`, before their states are computed."""
     sequences, prompt_lengths = generate_sequences(loaded, training_prompts(loaded, settings, data_dir), settings,
                                                    data_dir)
+    if store_path is not None:
+        save_token_store(store_path, [seq[n:] for seq, n in zip(sequences, prompt_lengths)], loaded.model,
+                         **store_info)
     return sequence_states(loaded.model, sequences, prompt_lengths, exit_layer, data_dir, settings.generate_batch)
 
 

@@ -21,6 +21,8 @@ validation loss is saved (head.pt / adapter.pt), so a rerun into the same direct
 on; validation agreement with the full model's next token (at every position, and at the generated tokens alone:
 what drafting sees) and the tokens the head's greedy chains accept are printed per epoch and logged to W&B with the
 losses, and the final part is logged as a W&B artifact. Stops early after `train.max_minutes` (data included).
+The generations themselves are written before their states, as a token store to draft from (store.pt,
+models/token_store.py).
 """
 
 import random
@@ -60,7 +62,8 @@ def train(run: RunSettings, out_dir: Path) -> Path:
     model = loaded.model.requires_grad_(False)  # frozen: gradients flow into the draft only
     exit_layer = check_exit_layer(run.kangaroo.exit_layer, num_layers(model)) if kind == "kangaroo" else None
     data_dir = Path(settings.data_dir).expanduser() if settings.data_dir else work_dir / "draft_data"
-    data = training_data(loaded, settings, data_dir, exit_layer)
+    store_path = work_dir / "store.pt"  # the generations themselves, to draft from (models/token_store.py)
+    data = training_data(loaded, settings, data_dir, exit_layer, store_path, made_by=provenance(run))
     token_ids, weight = output_rows(model, loaded.tokenizer, run.draft.vocab_size)
     train_weight = training_rows(token_ids, weight, data, settings.ce_vocab)
     part = new_part(model, kind, exit_layer)
@@ -71,7 +74,7 @@ def train(run: RunSettings, out_dir: Path) -> Path:
         best = min(history, key=lambda h: h["val_loss"])
         path = work_dir / FILES[kind]
         if wandb_run is not None:
-            log_files(wandb_run, f"{loaded.name}-{kind}", "model", [path], metadata=best)
+            log_files(wandb_run, f"{loaded.name}-{kind}", "model", [path, store_path], metadata=best)
     finally:
         if wandb_run is not None:
             wandb_run.finish()
@@ -80,10 +83,11 @@ def train(run: RunSettings, out_dir: Path) -> Path:
           f"{untrained['val_loss']:.4f}), val agreement {best['val_agreement']:.3f} (untrained "
           f"{untrained['val_agreement']:.3f}), on generated text {best.get('val_generated_agreement', nan):.3f}"
           f"{chains_accept(best)}; {sum(len(s.tokens) for s in data)} tokens, "
-          f"{(clock() - started) / 60:.1f} min\nsaved: {path}")
+          f"{(clock() - started) / 60:.1f} min\nsaved: {path}, and the generations as a token store: {store_path}")
     strategy = "'strategies=[plain,self_spec_head,self_spec_tree]' draft.head" if kind == "feature" else \
         "'strategies=[plain,kangaroo]' kangaroo.adapter_path"
-    print(f"benchmark it: python run.py model={run.model.name} {strategy}={path}")
+    print(f"benchmark it: python run.py model={run.model.name} {strategy}={path}"
+          f"{f' draft.store={store_path}' if kind == 'feature' else ''}")
     return path
 
 

@@ -42,11 +42,14 @@ class GenerationContext:
         self.processor = logits_processor(self.settings)
 
 
+STORE = "store"  # Draft.source of a token store's drafts (drafters/store.py)
+
+
 @dataclass
 class Draft:
     tokens: list[int] = field(default_factory=list)
     probs: list[torch.Tensor] = field(default_factory=list)  # each (vocab,): q, for sampled verification
-    source: str = "model"  # "model" (a model's own draft) or "ngram" (copied from the context)
+    source: str = "model"  # "model" (a model's own draft), "ngram" (copied from the context) or "store"
     parents: list[int] | None = None  # a token tree (decoding/tree.py): per token its parent's index, -1 the last
     # context token, parents before children; probs[i] is the q token i was drawn from. None: a chain
 

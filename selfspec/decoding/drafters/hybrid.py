@@ -1,58 +1,71 @@
 """An n-gram copy when the context has one, else a model drafter's draft (self_spec_hybrid): the feature head's where
-`draft.head` is set, else the layer-skip draft's."""
+`draft.head` is set, else the layer-skip draft's. The tree strategy puts the token store's draft between them."""
 
 from collections.abc import Generator
 
 import torch
 
-from selfspec.decoding.drafters.base import Draft, Drafter, DraftForward, GenerationContext
+from selfspec.decoding.drafters.base import STORE, Draft, Drafter, DraftForward, GenerationContext
 from selfspec.decoding.drafters.feature_head import model_drafter
 from selfspec.decoding.drafters.ngram import NGRAM, NgramDrafter
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
 
 
 class HybridDrafter:
-    """Each drafts up to its own max_tokens; a verified copy updates the copier, a verified model draft the fallback
-    (their acceptance rates differ, so their draft-exit policies learn apart)."""
+    """The copier's draft where it drafts, else the fallback's, else the `store`'s (a token store's tree,
+    layer_skip_tree.py; None: none): under the cost-aware exit the model draft drafts only where it expects to pay,
+    and the store, which costs a lookup, fills steps where neither does. Each drafts up to its own max_tokens, and a
+    verified draft updates the drafter it came from (by Draft.source: their acceptance rates differ, so their
+    draft-exit policies learn apart)."""
 
-    def __init__(self, ngram: NgramDrafter, fallback: Drafter):
-        self.ngram, self.fallback = ngram, fallback
+    def __init__(self, ngram: NgramDrafter, fallback: Drafter, store: Drafter | None = None):
+        self.ngram, self.fallback, self.store = ngram, fallback, store
+        self.drafters = (ngram, fallback) if store is None else (ngram, fallback, store)
 
     @property
     def max_tokens(self) -> int:
-        return max(self.ngram.max_tokens, self.fallback.max_tokens)
+        return max(drafter.max_tokens for drafter in self.drafters)
 
     @property
     def threshold(self) -> float:
         return self.fallback.threshold
 
     def begin(self, context: GenerationContext) -> None:
-        self.ngram.begin(context)
-        self.fallback.begin(context)
+        for drafter in self.drafters:
+            drafter.begin(context)
 
     def draft(self, tokens: list[int], max_tokens: int) -> Draft:
         draft = self.ngram.draft(tokens, max_tokens)
         if not draft.tokens:
             draft = self.fallback.draft(tokens, min(max_tokens, self.fallback.max_tokens))
-        return draft
+        return self.or_stored(draft, tokens, max_tokens)
+
+    def or_stored(self, draft: Draft, tokens: list[int], max_tokens: int) -> Draft:
+        """`draft`, or where it is empty the store's."""
+        if draft.tokens or self.store is None:
+            return draft
+        return self.store.draft(tokens, min(max_tokens, self.store.max_tokens))
 
     def batch_draft(self, tokens: list[int], max_tokens: int) -> Generator[DraftForward, torch.Tensor, Draft]:
         """`draft` for a row of a batch: the fallback's draft forwards run with the batch's (where it can)."""
         draft = self.ngram.draft(tokens, max_tokens)
         if draft.tokens:
             return draft
-        max_tokens = min(max_tokens, self.fallback.max_tokens)
+        fallback_tokens = min(max_tokens, self.fallback.max_tokens)
         if getattr(self.fallback, "batch_draft", None) is None:
-            return self.fallback.draft(tokens, max_tokens)
-        return (yield from self.fallback.batch_draft(tokens, max_tokens))
+            draft = self.fallback.draft(tokens, fallback_tokens)
+        else:
+            draft = yield from self.fallback.batch_draft(tokens, fallback_tokens)
+        return self.or_stored(draft, tokens, max_tokens)
 
     def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
-        (self.ngram if source == NGRAM else self.fallback).update(drafted, accepted, path, source)
+        by_source = {NGRAM: self.ngram, STORE: self.store}
+        (by_source.get(source) or self.fallback).update(drafted, accepted, path, source)
 
     def observe_verify_ms(self, tokens: int, ms: float) -> None:
-        """Both learn every verify's cost: it is the same full-model forward whoever drafted."""
-        self.ngram.observe_verify_ms(tokens, ms)
-        self.fallback.observe_verify_ms(tokens, ms)
+        """Each learns every verify's cost: it is the same full-model forward whoever drafted."""
+        for drafter in self.drafters:
+            drafter.observe_verify_ms(tokens, ms)
 
 
 def build_self_spec_hybrid(inputs: StrategyInputs) -> HybridDrafter:

@@ -1,10 +1,15 @@
 """Draft & Verify's layer-skip draft as a token tree: its chain, plus the runner-up tokens where it is unsure; the
-feature head's the same way (self_spec_tree takes it where `draft.head` is set)."""
+feature head's the same way (self_spec_tree takes it where `draft.head` is set), and the token store's (REST: He et
+al., NAACL 2024, "REST: Retrieval-Based Speculative Decoding"; models/token_store.py), which self_spec_tree takes
+where `draft.store` is set and neither a copy nor the model draft drafts: the model says the same things in the same words from answer
+to answer, and what followed the context's last few tokens in its own earlier generations is a guess that costs a
+lookup (tens of microseconds), not a forward."""
 
 import torch
 
+from selfspec.decoding.costs import CONTEXT_IDS, timed_ms
 from selfspec.decoding.draft_exit import CostAwareExit, DraftExit, confidence_bin
-from selfspec.decoding.drafters.base import Draft
+from selfspec.decoding.drafters.base import STORE, Draft
 from selfspec.decoding.drafters.feature_head import HeadDrafting, HeadFeatures, head_exit_policy, no_skip
 from selfspec.decoding.drafters.hybrid import HybridDrafter
 from selfspec.decoding.drafters.layer_skip import SelfDrafter
@@ -13,7 +18,9 @@ from selfspec.decoding.registry import StrategyInputs, StrategySpec
 from selfspec.decoding.sampling import sample, scores
 from selfspec.errors import SelfspecError
 from selfspec.models.draft_head import DraftHead
+from selfspec.models.devices import output_device
 from selfspec.models.skip import skipping
+from selfspec.models.token_store import TokenStore
 from selfspec.settings import SkipSet
 from selfspec.timing import clock
 
@@ -141,10 +148,43 @@ class HeadTreeDrafter(HeadDrafting, SelfTreeDrafter):
         self.features = features
 
 
+class StoreTreeDrafter(SelfTreeDrafter):
+    """The token store's chain, and its runner-up tokens where its counts are split, as a token tree: the layer-skip
+    tree's drafting with the store's counts for the model's logits (their log, so softmax gives their shares: a
+    draft's confidence, and under sampling the q its tokens are drawn from)."""
+
+    def __init__(self, model, store: TokenStore, exit_policy: DraftExit, nodes: int, depth: int, width: int,
+                 branch_below: float):
+        super().__init__(model, no_skip(model), exit_policy, None, nodes, depth, width, branch_below)
+        self.store, self.device, self.history = store, output_device(model), []
+
+    def draft(self, tokens: list[int], max_tokens: int) -> Draft:
+        self.history = list(tokens)
+        draft = super().draft(tokens, max_tokens)
+        draft.source = STORE
+        return draft
+
+    def next_logits(self, ids: list[int], start: int) -> torch.Tensor:
+        self.history[start:] = ids
+        return self.store.next_logits(self.history, self.device)
+
+
+def store_tree(inputs: StrategyInputs, policy: str) -> StoreTreeDrafter:
+    """The token store's tree under `policy`; the cost-aware one priced with a lookup's measured cost."""
+    store, draft = inputs.token_store, inputs.draft
+    costs = None
+    if policy == "cost":
+        device = output_device(inputs.model)
+        costs = inputs.costs.costs_of(("token_store", id(store)),
+                                      lambda: timed_ms(lambda: store.next_logits(CONTEXT_IDS, device), device))
+    return StoreTreeDrafter(inputs.model, store, inputs.make_exit_policy(policy, costs), draft.tree_nodes,
+                            draft.tree_depth, draft.tree_width, draft.tree_branch_below)
+
+
 def build_self_spec_tree(inputs: StrategyInputs) -> HybridDrafter:
     """prompt_lookup_tree's trie when the context has matches, else the model draft's tree (the feature head's where
-    draft.head is set, else the layer-skip draft's); both under draft.hybrid_policy, where the cost-aware exit
-    shapes each tree (depth, branches, none) from the measured costs."""
+    draft.head is set, else the layer-skip draft's), else the token store's tree (where draft.store is set); all under
+    draft.hybrid_policy, where the cost-aware exit shapes each tree (depth, branches, none) from the measured costs."""
     draft, skip, head, policy = inputs.draft, inputs.skip, inputs.draft_head, inputs.hybrid_policy
     shape = (draft.tree_nodes, draft.tree_depth, draft.tree_width, draft.tree_branch_below)
     if inputs.feature_head is None:
@@ -152,10 +192,19 @@ def build_self_spec_tree(inputs: StrategyInputs) -> HybridDrafter:
     else:
         features = HeadFeatures(inputs.model, inputs.feature_head, head)
         tree = HeadTreeDrafter(inputs.model, features, head_exit_policy(inputs, policy), *shape)
-    return HybridDrafter(build_prompt_lookup_tree(inputs), tree)
+    store = store_tree(inputs, policy) if inputs.token_store is not None else None
+    return HybridDrafter(build_prompt_lookup_tree(inputs), tree, store)
+
+
+def build_store_tree(inputs: StrategyInputs) -> StoreTreeDrafter:
+    inputs.require_token_store("store_tree")
+    return store_tree(inputs, inputs.hybrid_policy)
 
 
 STRATEGIES = (
     StrategySpec("self_spec_tree", "prompt_lookup_tree's trie when the context has matches, else the layer-skip draft "
-                 "(the feature head where draft.head is set) branching where it is unsure", build_self_spec_tree),
+                 "(the feature head where draft.head is set) branching where it is unsure, else the token store's "
+                 "tree (draft.store)", build_self_spec_tree),
+    StrategySpec("store_tree", "the token store alone (draft.store: the model's own generations), branching where its "
+                 "counts are split", build_store_tree),
 )
