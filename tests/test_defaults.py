@@ -21,10 +21,11 @@ def test_the_api_decodes_with_run_py_s_draft_and_sampling_settings(tokenizer, mo
     resolved = run_settings()
     assert default_settings() == resolved
     # the API takes any model: the draft options of a model without draft defaults of its own, not SmolLM2's head
+    # and token store
     assert DEFAULT_DRAFT == default_settings("model=hf").draft == run_settings("model=hf").draft
-    assert (DEFAULT_DRAFT.head, DEFAULT_DRAFT.vocab_size) == (None, None) != (resolved.draft.head,
-                                                                              resolved.draft.vocab_size)
-    assert dataclasses.replace(resolved.draft, head=None, vocab_size=None) == DEFAULT_DRAFT
+    own = ("head", "vocab_size", "store")
+    assert all(getattr(DEFAULT_DRAFT, name) is None is not getattr(resolved.draft, name) for name in own)
+    assert dataclasses.replace(resolved.draft, **dict.fromkeys(own)) == DEFAULT_DRAFT
     decoder = SelfSpeculativeDecoder(tiny_model("llama", num_layers=2), tokenizer, strategy="plain")
     used = []
     strategy = decoder.strategy
