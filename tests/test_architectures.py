@@ -25,6 +25,7 @@ from selfspec.models.kangaroo_adapter import new_adapter, save_adapter
 from selfspec.models.layouts import LAYOUTS, decoder_layers, describe, layout_of, sublayer_modules
 from selfspec.models.skip import skipping
 from selfspec.models.tiny import tiny_model
+from selfspec.models.token_store import save_token_store
 from selfspec.settings import default_settings, make_skip_set
 from selfspec.settings.groups import TINY_FAMILIES
 
@@ -171,16 +172,19 @@ def test_a_falcon_with_alibi_positions_is_refused_in_one_line():
 @pytest.mark.slow
 def test_every_strategy_keeps_greedy_output(model, tokenizer, tmp_path):
     """Every registered strategy but HF's own decodes as plain decoding; the trained-part strategies with an
-    untrained adapter and head where the layout allows them, else they are refused in one line."""
-    inputs = dict(skip=SKIP, draft=DRAFT, costs=None, draft_model=tiny_model("llama", num_layers=2, seed=1),
+    untrained adapter and head where the layout allows them, else they are refused in one line; the token store
+    (every layout: it has no layer) holds the model's own output for another prompt."""
+    plain = generate(model, PROMPT, GREEDY).new_tokens
+    save_token_store(tmp_path / "store.pt", [generate(model, PROMPT[1:], GREEDY).new_tokens], model)
+    draft = replace(DRAFT, store=str(tmp_path / "store.pt"))
+    inputs = dict(skip=SKIP, draft=draft, costs=None, draft_model=tiny_model("llama", num_layers=2, seed=1),
                   searched=(make_skip_set([3], [1], LAYERS), make_draft_head(model, tokenizer, 64, ["def f(x): x"])))
     trained = layout_of(model).trained_parts
     if trained:
         save_adapter(tmp_path / "adapter.pt", new_adapter(model, 2), model, 2)
         save_feature_head(tmp_path / "head.pt", new_feature_head(model), model)
         inputs |= dict(kangaroo=replace(DEFAULTS.kangaroo, adapter_path=str(tmp_path / "adapter.pt")),
-                       draft=replace(DRAFT, head=str(tmp_path / "head.pt")))
-    plain = generate(model, PROMPT, GREEDY).new_tokens
+                       draft=replace(draft, head=str(tmp_path / "head.pt")))
     for name in (spec.name for spec in REGISTRY.values() if not spec.hf_baseline):
         if name in TRAINED_PART_STRATEGIES and not trained:
             with pytest.raises(SelfspecError):

@@ -1,5 +1,6 @@
 """An n-gram copy when the context has one, else a model drafter's draft (self_spec_hybrid): the feature head's where
-`draft.head` is set, else the layer-skip draft's. The tree strategy puts the token store's draft between them."""
+`draft.head` is set, else the layer-skip draft's. The tree strategy adds the token store's draft where neither
+drafts."""
 
 from collections.abc import Generator
 
