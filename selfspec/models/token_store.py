@@ -1,5 +1,6 @@
 """A token store: the model's own generations as a datastore to draft from (REST: He et al., NAACL 2024,
-"REST: Retrieval-Based Speculative Decoding"; decoding/drafters/store.py drafts from it).
+"REST: Retrieval-Based Speculative Decoding"; StoreTreeDrafter in decoding/drafters/layer_skip_tree.py drafts
+from it).
 
 The generations are one token array, and every position's next `max_n` tokens are packed into one 64-bit key, sorted:
 the positions after any n-gram (n <= max_n) are one binary search away. What followed the context's longest suffix

@@ -1,9 +1,9 @@
 """Draft & Verify's layer-skip draft as a token tree: its chain, plus the runner-up tokens where it is unsure; the
 feature head's the same way (self_spec_tree takes it where `draft.head` is set), and the token store's (REST: He et
 al., NAACL 2024, "REST: Retrieval-Based Speculative Decoding"; models/token_store.py), which self_spec_tree takes
-where `draft.store` is set and neither a copy nor the model draft drafts: the model says the same things in the same words from answer
-to answer, and what followed the context's last few tokens in its own earlier generations is a guess that costs a
-lookup (tens of microseconds), not a forward."""
+where `draft.store` is set and neither a copy nor the model draft drafts: the model says the same things in the
+same words from answer to answer, and what followed the context's last few tokens in its own earlier generations
+is a guess that costs a lookup (tens of microseconds), not a forward."""
 
 import torch
 
