@@ -78,9 +78,10 @@ def test_bad_sampling_settings(kwargs, name):
 @pytest.mark.parametrize("top_k,top_p", [(50, 0.9), (5, 0.5), (1, 0.9), (40, 0.99)])
 def test_top_p_within_top_k_equals_transformers_top_k_then_top_p(top_k, top_p):
     """The shortcut filters as transformers' warpers in sequence, on logits with tied leaders, tokens already at
-    -inf (a banned token) and rows whose top-p sets differ in size: the same scores wherever no two tokens tie at
-    the top-p cut. Where several tie there (rows 1, 2 and 4), both keep the same number of them with the same scores;
-    which of the equal tokens go follows the order of each one's unstable sort."""
+    -inf (a banned token), a row with fewer finite scores than k (a token store's counts) and rows whose top-p sets
+    differ in size: the same scores wherever no two tokens tie at the top-p cut. Where several tie there (rows 1, 2
+    and 4), both keep the same number of them with the same scores; which of the equal tokens go follows the order
+    of each one's unstable sort."""
     from transformers import LogitsProcessorList, TopKLogitsWarper, TopPLogitsWarper
     gen = torch.Generator().manual_seed(top_k)
     logits = 3 * torch.randn(6, 3000, generator=gen)  # (rows, vocab)
@@ -88,6 +89,7 @@ def test_top_p_within_top_k_equals_transformers_top_k_then_top_p(top_k, top_p):
     logits[2, 100:400] = logits[2].topk(top_k).values[-1]  # ties at the k-th value: TopK keeps all of them
     logits[3, ::7] = float("-inf")
     logits[4] = logits[4].round()  # many ties everywhere
+    logits[5, 4:] = float("-inf")  # four finite scores: the rest tie at the k-th value when k > 4
     reference = LogitsProcessorList([TopKLogitsWarper(top_k), TopPLogitsWarper(top_p)])
     ids = torch.zeros(6, 1, dtype=torch.long)
     ours = logits_processor(replace(SAMPLING, temperature=1.0, top_k=top_k, top_p=top_p))(ids, logits.clone())

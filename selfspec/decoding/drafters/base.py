@@ -42,7 +42,7 @@ class GenerationContext:
         self.processor = logits_processor(self.settings)
 
 
-STORE = "store"  # Draft.source of a token store's drafts (drafters/store.py)
+STORE = "store"  # Draft.source of a token store's drafts (StoreTreeDrafter, layer_skip_tree.py)
 
 
 @dataclass
