@@ -16,6 +16,7 @@ from scipy.stats import chisquare
 from selfspec import SelfSpeculativeDecoder
 from selfspec.decoding.draft_exit import CostAwareExit, DraftExit
 from selfspec.decoding.drafters.feature_head import HeadDrafter, HeadFeatures
+from selfspec.decoding.drafters.layer_skip_tree import StoreTreeDrafter
 from selfspec.decoding.sampling import logits_processor, scores
 from selfspec.decoding.speculative import generate, settled
 from selfspec.decoding.verify import Emitted
@@ -24,6 +25,7 @@ from selfspec.models.tiny import byte_tokenizer
 from selfspec.models.cache import forward, new_cache
 from selfspec.models.feature_head import load_feature_head
 from selfspec.models.loading import load_model
+from selfspec.models.token_store import load_token_store
 from selfspec.records.prompt_records import PromptRecord, RecordedStep
 from selfspec.serve.bench import local_server
 from selfspec.settings import ModelSettings, RunSettings, from_config, typed
@@ -68,6 +70,19 @@ def shipped_head_acceptance(model, prompts: list[list[int]], settings, end_ids, 
     """The shipped feature head's acceptance rate drafting 3-token chains for `prompts`, asserting that every output
     equals plain decoding's (`plain`)."""
     drafter = HeadDrafter(model, HeadFeatures(model, load_feature_head("shipped", model)), DraftExit(3))
+    return lossless_acceptance(model, drafter, prompts, settings, end_ids, plain)
+
+
+def shipped_store_acceptance(model, prompts: list[list[int]], settings, end_ids, plain: list[list[int]]) -> float:
+    """The shipped token store's acceptance rate drafting 3-deep trees of up to 6 nodes for `prompts`, asserting
+    that every output equals plain decoding's (`plain`)."""
+    drafter = StoreTreeDrafter(model, load_token_store("shipped", model), DraftExit(3), nodes=6, depth=3, width=2,
+                               branch_below=0.6)
+    return lossless_acceptance(model, drafter, prompts, settings, end_ids, plain)
+
+
+def lossless_acceptance(model, drafter, prompts: list[list[int]], settings, end_ids, plain: list[list[int]]) -> float:
+    """`drafter`'s acceptance rate over `prompts`, asserting that every output equals plain decoding's (`plain`)."""
     drafted = accepted = 0
     for ids, expected in zip(prompts, plain, strict=True):
         result = generate(model, ids, settings, drafter, end_ids=end_ids)

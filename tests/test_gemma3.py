@@ -6,14 +6,11 @@ from dataclasses import replace
 import pytest
 
 from selfspec.data.prompt_sets import encode_prompt, load_prompts
-from selfspec.decoding.draft_exit import DraftExit
-from selfspec.decoding.drafters import StoreTreeDrafter
 from selfspec.decoding.speculative import generate
 from selfspec.models.loading import load_model
-from selfspec.models.token_store import load_token_store
 from selfspec.settings import default_settings
 
-from helpers import run_settings, shipped_head_acceptance
+from helpers import run_settings, shipped_head_acceptance, shipped_store_acceptance
 
 pytestmark = pytest.mark.slow
 SETTINGS = replace(default_settings().sampling, max_new_tokens=32)
@@ -41,13 +38,4 @@ def test_the_shipped_feature_head_drafts_losslessly_and_gets_accepted(gemma, pro
 
 
 def test_the_shipped_token_store_drafts_losslessly_and_gets_accepted(gemma, prompts, plain):
-    model = gemma.model
-    drafter = StoreTreeDrafter(model, load_token_store("shipped", model), DraftExit(3), nodes=6, depth=3, width=2,
-                               branch_below=0.6)
-    drafted = accepted = 0
-    for ids, expected in zip(prompts, plain):
-        result = generate(model, ids, SETTINGS, drafter, end_ids=gemma.end_ids)
-        assert result.new_tokens == expected
-        drafted, accepted = drafted + result.drafted, accepted + result.accepted
-    print(f"store: {accepted} of {drafted} draft tokens accepted")
-    assert accepted / drafted > ACCEPTED_FROM_STORE
+    assert shipped_store_acceptance(gemma.model, prompts, SETTINGS, gemma.end_ids, plain) > ACCEPTED_FROM_STORE

@@ -8,14 +8,13 @@ import torch
 
 from selfspec.data.prompt_sets import encode_prompt, load_prompts
 from selfspec.decoding.draft_exit import AdaptiveExit, DraftExit
-from selfspec.decoding.drafters import SelfDrafter, StoreTreeDrafter
+from selfspec.decoding.drafters import SelfDrafter
 from selfspec.decoding.batch import generate_batch
 from selfspec.decoding.speculative import generate
 from selfspec.models.loading import load_model
-from selfspec.models.token_store import load_token_store
 from selfspec.settings import default_settings, make_skip_set
 
-from helpers import run_settings, shipped_head_acceptance
+from helpers import run_settings, shipped_head_acceptance, shipped_store_acceptance
 
 pytestmark = pytest.mark.slow
 SETTINGS = replace(default_settings().sampling, max_new_tokens=48)
@@ -69,15 +68,8 @@ def test_the_shipped_feature_head_drafts_losslessly_and_gets_accepted(smollm2, p
 
 
 def test_the_shipped_token_store_drafts_losslessly_and_gets_accepted(smollm2, prompts, plain):
-    model, eos = smollm2.model, smollm2.tokenizer.eos_token_id
-    drafter = StoreTreeDrafter(model, load_token_store("shipped", model), DraftExit(3), nodes=6, depth=3, width=2,
-                               branch_below=0.6)
-    drafted = accepted = 0
-    for ids, expected in zip(prompts, plain):
-        result = generate(model, ids, SETTINGS, drafter, end_ids=(eos,))
-        assert result.new_tokens == expected
-        drafted, accepted = drafted + result.drafted, accepted + result.accepted
-    assert accepted / drafted > ACCEPTED_FROM_STORE
+    eos = smollm2.tokenizer.eos_token_id
+    assert shipped_store_acceptance(smollm2.model, prompts, SETTINGS, (eos,), plain) > ACCEPTED_FROM_STORE
 
 
 def test_a_batch_of_four_decodes_each_prompt_as_alone_in_float32(smollm2, prompts, plain):
