@@ -9,6 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from helpers import pinned
 
 from selfspec.decoding.costs import DraftCosts
 from selfspec.decoding.draft_exit import CostAwareExit
@@ -83,11 +84,11 @@ def test_the_tree_takes_the_store_where_nothing_is_copied_and_each_source_learns
     store = TokenStore.of(outputs, tiny.get_output_embeddings().weight.shape[0])
     costs = DraftCosts(tuple(10.0 + 0.5 * q for q in range(16)), 0.0)
     skip = make_skip_set([1], [2], 6)
-    hybrid = HybridDrafter(NgramTreeDrafter(tiny, 2, 6, 4, 3, CostAwareExit(6, costs=costs)),
-                           SelfTreeDrafter(tiny, skip, CostAwareExit(4, costs=replace(costs, draft_ms=8.0)), nodes=6,
-                                           depth=4),
-                           StoreTreeDrafter(tiny, store, CostAwareExit(6, costs=costs), nodes=6, depth=4, width=3,
-                                            branch_below=0.6))
+    hybrid = HybridDrafter(NgramTreeDrafter(tiny, 2, 6, 4, 3, pinned(CostAwareExit(6, costs=costs))),
+                           SelfTreeDrafter(tiny, skip, pinned(CostAwareExit(4, costs=replace(costs, draft_ms=8.0))),
+                                           nodes=6, depth=4),
+                           StoreTreeDrafter(tiny, store, pinned(CostAwareExit(6, costs=costs)), nodes=6, depth=4,
+                                            width=3, branch_below=0.6))
     for ids, plain in zip(prompts, outputs):
         result = generate(tiny, ids, GREEDY, hybrid)
         assert result.new_tokens == plain
