@@ -13,9 +13,11 @@ from helpers import pinned
 
 from selfspec.decoding.costs import DraftCosts
 from selfspec.decoding.draft_exit import CostAwareExit
-from selfspec.decoding.drafters import HybridDrafter, NgramTreeDrafter, SelfTreeDrafter, StoreTreeDrafter
+from selfspec.decoding.drafters import (GenerationContext, HybridDrafter, NgramTreeDrafter, SelfTreeDrafter,
+                                       StoreTreeDrafter)
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
+from selfspec.models.cache import new_cache
 from selfspec.models.tiny import tiny_model
 from selfspec.models.token_store import TokenStore, load_token_store, loaded_token_store, save_token_store
 from selfspec.settings import default_settings, make_skip_set
@@ -23,14 +25,15 @@ from selfspec.settings import default_settings, make_skip_set
 GREEDY = replace(default_settings().sampling, max_new_tokens=24)
 
 
-def brute_force(sequences: list[list[int]], context: list[int], max_n: int) -> Counter:
-    """What followed the longest suffix of `context` (n <= max_n) found inside one of `sequences`; all tokens else."""
+def brute_force(sequences: list[list[int]], context: list[int], max_n: int) -> tuple[int, Counter]:
+    """(n, what followed): the longest suffix of `context` (n <= max_n) found inside one of `sequences`; 0 and all
+    tokens else."""
     for n in range(min(max_n, len(context)), 0, -1):
         tail = context[-n:]
         found = Counter(seq[i + n] for seq in sequences for i in range(len(seq) - n) if seq[i:i + n] == tail)
         if found:
-            return found
-    return Counter(t for seq in sequences for t in seq)
+            return n, found
+    return 0, Counter(t for seq in sequences for t in seq)
 
 
 @pytest.mark.parametrize("vocab_size", [7, 49_152, 262_144])  # 4-grams in 64 bits for SmolLM2's vocabulary, 3 for Gemma-3's
@@ -42,8 +45,8 @@ def test_next_counts_are_what_followed_the_longest_suffix(vocab_size):
     assert store.max_n == 64 // vocab_size.bit_length() and len(store) == sum(map(len, sequences)) + len(sequences)
     for _ in range(300):
         context = [rng.choice(alphabet + [4]) for _ in range(rng.randrange(1, 8))]  # 4 is in no sequence
-        ids, counts = store.next_counts(context)
-        assert dict(zip(ids.tolist(), counts.tolist())) == brute_force(sequences, context, store.max_n), context
+        n, ids, counts = store.longest_match(context)
+        assert (n, dict(zip(ids.tolist(), counts.tolist()))) == brute_force(sequences, context, store.max_n), context
     logits = store.next_logits(sequences[0][:3])  # (vocab_size,)
     ids, counts = store.next_counts(sequences[0][:3])
     assert logits.shape == (vocab_size,) and torch.isinf(logits).sum() == vocab_size - len(ids)
@@ -94,4 +97,27 @@ def test_the_tree_takes_the_store_where_nothing_is_copied_and_each_source_learns
         assert result.new_tokens == plain
         sources = Counter(step.source for step in result.steps if step.accepted)
         assert sources["store"] > 0
-    assert hybrid.store.exit_policy.first_counts[1] > 2  # verified store drafts, beyond the prior's 2
+    assert max(policy.first_counts[1] for policy in hybrid.store.policies.by_n.values()) > 2  # verified store
+    # drafts, beyond the prior's 2
+
+
+def test_failed_drafts_after_short_suffixes_do_not_stop_the_drafts_after_long_ones(tiny):
+    """The store tree learns its rate apart per length of the longest suffix the store holds: drafts after a 1-token
+    suffix that verification keeps rejecting stop being drafted, while a draft after a 4-token suffix is drafted at
+    once, step after step (with one rate for both it would wait for a probe)."""
+    store = TokenStore.of([[1, 2, 3, 4, 5, 6]], tiny.get_output_embeddings().weight.shape[0])
+    assert store.max_n >= 4
+    policy = pinned(CostAwareExit(5, costs=DraftCosts(tuple(10.0 + 2 * q for q in range(9)), 0.0)))  # +20% a token
+    drafter = StoreTreeDrafter(tiny, store, policy, nodes=6, depth=4, width=3, branch_below=0.6)
+    drafter.begin(GenerationContext(new_cache(tiny, 32), GREEDY))
+    short_suffix, long_suffix = [40, 41, 3], [1, 2, 3, 4]
+    assert store.longest_match(short_suffix)[0] == 1 and store.longest_match(long_suffix)[0] == 4
+    drafted = []
+    for _ in range(30):
+        draft = drafter.draft(short_suffix, 5)
+        drafted.append(bool(draft.tokens))
+        if draft.tokens:
+            drafter.update(len(draft.tokens), 0, [])
+    assert drafted[0] and sum(drafted[-16:]) <= 2  # idle but for probes
+    assert all(drafter.draft(long_suffix, 5).tokens[:1] == [5] for _ in range(3))
+    assert drafter.threshold == 0.5  # the 4-token suffixes' rate: its prior, untouched by the 1-token failures

@@ -58,6 +58,11 @@ class TokenStore:
     def next_counts(self, context: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """(ids, counts): what followed the longest suffix of `context` (at most max_n tokens) that the store holds;
         the store's unigram counts where it holds none."""
+        return self.longest_match(context)[1:]
+
+    def longest_match(self, context: list[int]) -> tuple[int, np.ndarray, np.ndarray]:
+        """(n, ids, counts): the longest suffix of `context` that the store holds, n tokens (at most max_n), and
+        `next_counts` after it; n 0 where it holds none."""
         for n in range(min(self.max_n, len(context)), 0, -1):
             key = 0
             for token in context[-n:]:
@@ -68,8 +73,8 @@ class TokenStore:
             if last > first:
                 ids, counts = self.counts(self.order[first:last], n)
                 if len(ids):
-                    return ids, counts
-        return self.unigram
+                    return n, ids, counts
+        return 0, *self.unigram
 
     def next_logits(self, context: list[int], device: torch.device | str = "cpu") -> torch.Tensor:
         """(vocab_size,) the log of `next_counts`, -inf for ids it does not hold: softmax gives their shares."""

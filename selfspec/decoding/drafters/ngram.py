@@ -16,15 +16,16 @@ NGRAM = "ngram"  # Draft.source of copied drafts
 
 
 class PoliciesByMatch:
-    """A copier's draft-exit policy, one apart per match length n = 1..ngram_size: copies after a longer match are
-    right far more often (SmolLM2's outputs on the evaluation halves: the first token of a copy after a 2-token match
-    in 80% of positions, after a 1-token match in 24%), so one rate for both let a run of failed 1-token copies stop
-    the 2-token ones too, which then stayed idle through the next answers (retrieval read 1.00 tokens per
-    verification where always copying would have made 1.64). The tree kinds' counts (`branch_counts`, keyed by n
-    already) are shared; `exit_policy`, the one for n = ngram_size, is every policy's template."""
+    """A drafter's draft-exit policy, one apart per match length n = 1..longest: a copier's n-gram match, or the
+    longest suffix of the context a token store holds (StoreTreeDrafter). Copies after a longer match are right far
+    more often (SmolLM2's outputs on the evaluation halves: the first token of a copy after a 2-token match in 80% of
+    positions, after a 1-token match in 24%), so one rate for both let a run of failed 1-token copies stop the
+    2-token ones too, which then stayed idle through the next answers (retrieval read 1.00 tokens per verification
+    where always copying would have made 1.64). The tree kinds' counts (`branch_counts`) are shared; `exit_policy`,
+    the one for n = longest, is every policy's template."""
 
-    def __init__(self, exit_policy: DraftExit, ngram_size: int):
-        self.by_n = {ngram_size: exit_policy} | {n: copy.deepcopy(exit_policy) for n in range(1, ngram_size)}
+    def __init__(self, exit_policy: DraftExit, longest: int):
+        self.by_n = {longest: exit_policy} | {n: copy.deepcopy(exit_policy) for n in range(1, longest)}
         for policy in self.by_n.values():
             if hasattr(policy, "branch_counts"):
                 policy.branch_counts = exit_policy.branch_counts
