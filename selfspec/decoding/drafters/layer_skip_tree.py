@@ -166,7 +166,7 @@ class StoreTreeDrafter(SelfTreeDrafter):
         self.policies = PoliciesByMatch(exit_policy, store.max_n)
 
     def begin(self, context: GenerationContext) -> None:
-        super().begin(context)
+        self.context = context
         self.policies.begin()
 
     def draft(self, tokens: list[int], max_tokens: int) -> Draft:
