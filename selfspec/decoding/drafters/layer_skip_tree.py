@@ -124,8 +124,8 @@ class SelfTreeDrafter(SelfDrafter):
         return draft
 
 
-def branches(probs: torch.Tensor, width: int, greedy: bool, generator,
-             top=None) -> list[tuple[int, torch.Tensor | None]]:
+def branches(probs: torch.Tensor, width: int, greedy: bool, generator, top: torch.return_types.topk | None = None
+             ) -> list[tuple[int, torch.Tensor | None]]:
     """Up to `width` distinct tokens from the draft distribution probs (vocab,), each with the q it was drawn from:
     the most likely ones (greedy, q None; `top`: probs.topk(width) where the caller has it: a top-k over SmolLM2's
     49,152 ids takes 80 us here, over Gemma-3's 262,144 420 us), or sampled without replacement, q renormalised
