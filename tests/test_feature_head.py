@@ -13,7 +13,9 @@ from selfspec.decoding.drafters.layer_skip_tree import HeadTreeDrafter
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
 from selfspec.models import trained_parts
-from selfspec.models.feature_head import load_feature_head, loaded_feature_head, new_feature_head, save_feature_head
+from selfspec.models.cache import RewindableCache
+from selfspec.models.feature_head import (inner_states, load_feature_head, loaded_feature_head, new_feature_head,
+                                         save_feature_head)
 from selfspec.models.tiny import tiny_model
 from selfspec.models.trained_parts import sha256, ship_part
 from selfspec.settings import default_settings
@@ -22,10 +24,12 @@ from helpers import chi_square_pvalue, exact_pair_distribution
 
 SAMPLING = default_settings().sampling  # the config's: greedy, 128 new tokens
 GREEDY = replace(SAMPLING, max_new_tokens=40)
+CLOSE = dict(rtol=1e-4, atol=1e-5)  # gemma2's norms compute in float32 even in a float64 model; a state at the
+# wrong position differs by about 1
 
 
-def noisy_head(model, scale=0.05, seed=0):
-    head = new_feature_head(model)
+def noisy_head(model, scale=0.05, seed=0, fused_layers=()):
+    head = new_feature_head(model, fused_layers)
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in head.parameters():
@@ -34,9 +38,10 @@ def noisy_head(model, scale=0.05, seed=0):
 
 
 class CheckedFeatures(HeadFeatures):
-    """At each draft's first head step: the kept states equal a fresh forward of the full model over the kept tokens,
-    and the head's prediction equals the head run afresh over the whole sequence (no cache). With `oracle`, the draft
-    then takes the full model's own next-token logits, so trees have accepted paths to compact."""
+    """At each draft's first head step: the kept states (final, and after the head's fused layers) equal a fresh
+    forward of the full model over the kept tokens, and the head's prediction equals the head run afresh over the
+    whole sequence (no cache). With `oracle`, the draft then takes the full model's own next-token logits with its
+    top two swapped at every other position, so that trees accept paths off their first branch, which move."""
     checks = 0
 
     def __init__(self, model, head, oracle=False):
@@ -49,17 +54,48 @@ class CheckedFeatures(HeadFeatures):
             if start == len(self.tokens) - 1:
                 self.history = list(self.tokens)
                 kept = torch.tensor([self.tokens[:-1]])  # (1, start)
-                truth = self.model.model(kept).last_hidden_state[0]  # (start, hidden)
-                torch.testing.assert_close(self.features[:start], truth)
+                out = self.model.model(kept, output_hidden_states=True)
+                truth = out.last_hidden_state[0]  # (start, hidden)
+                torch.testing.assert_close(self.features[:start], truth, **CLOSE)
+                inner = None
+                if self.head.fused_layers:
+                    inner = inner_states([out.hidden_states[n][0] for n in self.head.fused_layers])  # (start, n x hidden)
+                    torch.testing.assert_close(self.inner[:start], inner, **CLOSE)
+                    inner = inner[None]
                 embeds = self.model.get_input_embeddings()(torch.tensor([self.tokens[1:]]))
-                afresh = self.head(truth[None], embeds, torch.arange(start)[None])[0, -1]
-                torch.testing.assert_close(self.predicted, afresh)
+                afresh = self.head(truth[None], embeds, torch.arange(start)[None], inner=inner)[0, -1]
+                torch.testing.assert_close(self.predicted, afresh, **CLOSE)
                 self.checks += 1
             else:
                 self.history += ids
             if self.oracle:
-                return self.model(torch.tensor([self.history])).logits[0, -1].float()
+                logits = self.model(torch.tensor([self.history])).logits[0, -1].float()
+                if len(self.history) % 2:
+                    top = logits.topk(2).indices
+                    logits[top] = logits[top.flip(0)]
         return logits
+
+
+@pytest.mark.parametrize("fused_layers", [(), (2, 4)])
+@pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
+def test_the_head_reads_the_states_of_exactly_the_kept_tokens_and_decodes_losslessly(tiny, fused_layers, tree,
+                                                                                    monkeypatch):
+    """Past gemma2's 16-token window; a tree branches at every position (`branch_below` 1), and its drafts' top
+    two are swapped at every other position, so accepted paths leave the first branch and their states move."""
+    features = CheckedFeatures(tiny, noisy_head(tiny, fused_layers=fused_layers), oracle=True)
+    drafter = HeadTreeDrafter(tiny, features, DraftExit(3), nodes=8, depth=3, width=2, branch_below=1.0) if tree \
+        else HeadDrafter(tiny, features, DraftExit(3))
+    compact, moved = RewindableCache.compact, []
+
+    def counted(cache, first, sources):
+        moved.append(sources != list(range(first, first + len(sources))))
+        compact(cache, first, sources)
+    monkeypatch.setattr(RewindableCache, "compact", counted)
+    prompt = [5, 40, 77, 9, 120, 33]
+    result = generate(tiny, prompt, GREEDY, drafter)
+    assert result.new_tokens == generate(tiny, prompt, GREEDY).new_tokens
+    assert features.checks >= 8 and result.accepted >= 8
+    assert sum(moved) >= (8 if tree else 0)
 
 
 @pytest.mark.slow

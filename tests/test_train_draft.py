@@ -30,7 +30,8 @@ def settings(kind, *overrides):
 def training_data(model, tokenizer, run, data_dir, exit_layer):
     loaded = LoadedModel("tiny", model, tokenizer, ())
     sequences, prompt_lengths = generate_sequences(loaded, train_prompts(run.train), run.train, data_dir)
-    return sequences, sequence_states(model, sequences, prompt_lengths, exit_layer, data_dir, run.train.generate_batch)
+    return sequences, sequence_states(model, sequences, prompt_lengths, exit_layer, data_dir, run.train.generate_batch,
+                                      tuple(run.draft_head.fused_layers))
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,8 @@ def model():
 
 
 @pytest.mark.parametrize("kind,overrides", [("feature", []), ("kangaroo", []), ("feature", ["train.targets=generated"]),
-                                            ("feature", ["draft_head.chain_steps=3"])])
+                                            ("feature", ["draft_head.chain_steps=3"]),
+                                            ("feature", ["draft_head.fused_layers=[1,2]"])])
 def test_training_lowers_the_validation_loss_and_keeps_the_best(model, tokenizer, tmp_path, kind, overrides):
     run = settings(kind, "train.epochs=3", *overrides)
     exit_layer = 2 if kind == "kangaroo" else None
@@ -47,15 +49,18 @@ def test_training_lowers_the_validation_loss_and_keeps_the_best(model, tokenizer
     assert len(sequences) == 8 and all(len(s) > 12 for s in sequences)  # 4 prompts x (greedy + 1 sampled)
     assert len({tuple(s) for s in sequences}) > 4  # the sampled ones differ from the greedy ones
     assert all(d.final.shape == (len(d.tokens), 32) and (d.shallow is not None) == (kind == "kangaroo") for d in data)
+    fused = tuple(run.draft_head.fused_layers)
+    assert all(d.inner.shape == (len(d.tokens), 32 * len(fused)) if fused else d.inner is None for d in data)
     prompts = [encode_prompt(tokenizer, p) for p in train_prompts(run.train)]
     assert all(d.tokens[:d.prompt_length].tolist() in prompts and d.prompt_length < len(d.tokens) for d in data)
     rows = training_rows(torch.arange(model.config.vocab_size), model.lm_head.weight.detach(), data, "data")
-    history = fit(new_part(model, kind, exit_layer), model, split(data, run.train.val_fraction, run.train.seed),
+    history = fit(new_part(model, kind, exit_layer, fused), model, split(data, run.train.val_fraction, run.train.seed),
                   (rows, model.lm_head.weight.detach()), run, tmp_path, exit_layer, 0.0)
     assert [h["epoch"] for h in history] == [0, 1, 2, 3]
     assert history[-1]["val_loss"] < history[0]["val_loss"]
     saved = torch.load(tmp_path / ("head.pt" if kind == "feature" else "adapter.pt"), weights_only=True)
     assert saved["kind"] == kind and saved["val_loss"] == min(h["val_loss"] for h in history)
+    assert saved.get("fused_layers", []) == list(fused) and ("fuse_inner.weight" in saved["state_dict"]) == bool(fused)
     assert saved["made_by"]["data"]["sets"] == ["chat"]
     assert all(0 <= h["val_generated_agreement"] <= 1 for h in history)
     assert saved["val_generated_agreement"] == min(history, key=lambda h: h["val_loss"])["val_generated_agreement"]
@@ -127,7 +132,8 @@ def seeded_fit(model, data, run, folder):
     folder.mkdir(exist_ok=True)
     weight = model.lm_head.weight.detach()
     splits = split(data, run.train.val_fraction, run.train.seed)
-    return fit(new_part(model, "feature", None), model, splits, (weight, weight), run, folder, None, 0.0)
+    part = new_part(model, "feature", None, tuple(run.draft_head.fused_layers))
+    return fit(part, model, splits, (weight, weight), run, folder, None, 0.0)
 
 
 def test_shards_are_reused_and_training_resumes_exactly_and_reproducibly(model, tokenizer, tmp_path):
@@ -149,6 +155,9 @@ def test_shards_are_reused_and_training_resumes_exactly_and_reproducibly(model, 
     assert all(torch.equal(straight[k], stopped[k]) and torch.equal(straight[k], twice[k]) for k in straight)
     with pytest.raises(SelfspecError, match="loss on all positions, this run with .* loss on generated positions"):
         seeded_fit(model, data, settings("feature", "train.epochs=5", "train.targets=generated"), tmp_path / "stopped")
+    with pytest.raises(SelfspecError, match=r"fused_layers=\[2\]: the checkpoint .* was trained with \[\]"):
+        seeded_fit(model, data, settings("feature", "train.epochs=5", "draft_head.fused_layers=[2]"),
+                   tmp_path / "stopped")
 
 
 @pytest.mark.slow

@@ -236,12 +236,18 @@ class DraftHeadSettings:
     soft_ce_weight: float  # x cross-entropy against the full model's next-token distribution
     feature_noise: float  # std of the Gaussian noise on the draft's input states while training
     chain_steps: int  # the feature head also learns from chains of this many steps on its own predictions; 1 = none
+    fused_layers: tuple[int, ...]  # the feature head also reads the model's states after these many layers (EAGLE-3)
 
     def __post_init__(self):
         one_of("kind", self.kind, DRAFT_HEAD_KINDS)
         for name in ("feature_weight", "soft_ce_weight", "feature_noise"):
             at_least(name, getattr(self, name), 0)
         at_least("chain_steps", self.chain_steps, 1)
+        if any(layer < 1 for layer in self.fused_layers):
+            raise SelfspecError(f"fused_layers={list(self.fused_layers)}: each must be >= 1 (layers before the state)")
+        if self.kind == "kangaroo" and self.fused_layers:
+            raise SelfspecError(f"fused_layers={list(self.fused_layers)}: the Kangaroo adapter reads its exit layer's "
+                                f"state alone; allowed: []")
         if self.kind == "kangaroo" and self.chain_steps != 1:
             raise SelfspecError(f"chain_steps={self.chain_steps}: the Kangaroo adapter drafts on the model's own "
                                 f"shallow layers, not on its own predictions; allowed: 1")

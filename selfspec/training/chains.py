@@ -40,15 +40,16 @@ def body_mask(head: FeatureHead, lengths: list[int], step: int, width: int, dtyp
 
 
 def chain_states(head: FeatureHead, features: torch.Tensor, embeds: torch.Tensor, lengths: list[int],
-                 steps: int) -> list[torch.Tensor]:
+                 steps: int, inner: torch.Tensor | None = None) -> list[torch.Tensor]:
     """The head's predictions (rows, L, hidden) of steps 1..`steps`: step s's at position i predicts h_{i+1} from
     a chain that started at i - s + 1 (meaningless where that is below 0). `features` h_j and `embeds` e(x_{j+1}):
-    (rows, L, hidden) each, right padded to rows of `lengths`."""
+    (rows, L, hidden) each, right padded to rows of `lengths`; `inner` (rows, L, n x hidden): the model's
+    inner_states at j, which step 1 alone reads (live, the later steps draft where the model has not run)."""
     rows, width = features.shape[:2]
     positions = torch.arange(width, device=features.device)[None].expand(rows, -1)  # (rows, L)
     padding = (positions < torch.tensor(lengths, device=features.device)[:, None]).long()  # (rows, L)
     cache = DynamicCache()  # no config: every layer keeps all its keys, the steps' side by side
-    predicted = [head(features, embeds, positions, cache, attention_mask=padding)]
+    predicted = [head(features, embeds, positions, cache, attention_mask=padding, inner=inner)]
     for step in range(2, steps + 1):
         fed = torch.cat([torch.zeros_like(predicted[-1][:, :1]), predicted[-1][:, :-1]], dim=1)  # step s-1's at i-1
         mask = body_mask(head, lengths, step, width, embeds.dtype, embeds.device)

@@ -9,7 +9,8 @@ each draft learns from, in shards so that a killed run keeps what it made.
    (models/token_store.py) before the states are made.
 2. States: one full forward per sequence gives the final normed hidden state at every position (the feature head's
    input and target, the teacher of both drafts) and, for Kangaroo, the state after `exit_layer` layers; stored per
-   shard in float16 (`states-<layers>-NNNN.pt`), recomputed only when missing.
+   shard in float16 (`states-<layers>-NNNN.pt`), recomputed only when missing. A head with `fused_layers` also
+   learns from the states after those layers (models/feature_head.py's `inner_states`), kept beside them.
 """
 
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from selfspec.data.prompt_sets import Prompt, encode_prompt, load_prompts, split
 from selfspec.decoding.drafters.base import cut_at_end
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import input_device
+from selfspec.models.feature_head import inner_states
 from selfspec.models.layouts import base_model
 from selfspec.models.loading import LoadedModel
 from selfspec.models.token_store import save_token_store
@@ -37,20 +39,23 @@ class TrainingSequence:
     prompt_length: int  # tokens[prompt_length:] the model generated
     final: torch.Tensor  # (L, hidden): the model's final normed hidden states
     shallow: torch.Tensor | None = None  # (L, hidden): its states after kangaroo.exit_layer layers (Kangaroo only)
+    inner: torch.Tensor | None = None  # (L, n x hidden): inner_states after a feature head's n fused layers
 
 
 def training_data(loaded: LoadedModel, settings: TrainSettings, data_dir: Path, exit_layer: int | None,
-                  store_path: Path | None = None, **store_info) -> list[TrainingSequence]:
+                  store_path: Path | None = None, fused_layers: tuple[int, ...] = (),
+                  **store_info) -> list[TrainingSequence]:
     """Every training sequence with its states: the model's generations for `training_prompts` and their states
-    (after `exit_layer` layers too, if set), each part read back from `data_dir` where an earlier run made it with
-    the same settings. With `store_path`, the generations (without their prompts) are also written there as a token
-    store, with `store_info`, before their states are computed."""
+    (after `exit_layer` layers too, if set, and after `fused_layers`), each part read back from `data_dir` where an
+    earlier run made it with the same settings. With `store_path`, the generations (without their prompts) are also
+    written there as a token store, with `store_info`, before their states are computed."""
     sequences, prompt_lengths = generate_sequences(loaded, training_prompts(loaded, settings, data_dir), settings,
                                                    data_dir)
     if store_path is not None:
         save_token_store(store_path, [seq[n:] for seq, n in zip(sequences, prompt_lengths)], loaded.model,
                          **store_info)
-    return sequence_states(loaded.model, sequences, prompt_lengths, exit_layer, data_dir, settings.generate_batch)
+    return sequence_states(loaded.model, sequences, prompt_lengths, exit_layer, data_dir, settings.generate_batch,
+                           fused_layers)
 
 
 def training_prompts(loaded: LoadedModel, settings: TrainSettings, data_dir: Path) -> list[Prompt]:
@@ -118,10 +123,11 @@ def continue_batch(loaded: LoadedModel, prompts: list[list[int]], settings: Trai
 
 @torch.no_grad()  # not inference_mode: the draft trains on these tensors
 def sequence_states(model, sequences: list[list[int]], prompt_lengths: list[int], exit_layer: int | None,
-                    data_dir: Path, shard_size: int) -> list[TrainingSequence]:
-    """The states of every sequence (final, and after `exit_layer` layers if set), stored per shard of
-    `shard_size` sequences in float16 and read back when the shard's sequences are the same."""
-    layers = f"final-{exit_layer}" if exit_layer else "final"
+                    data_dir: Path, shard_size: int, fused_layers: tuple[int, ...] = ()) -> list[TrainingSequence]:
+    """The states of every sequence (final, after `exit_layer` layers if set, after `fused_layers`), stored per
+    shard of `shard_size` sequences in float16 and read back when the shard's sequences are the same."""
+    layers = "-".join(["final"] + ([str(exit_layer)] if exit_layer else []) +
+                      ([f"fused{'.'.join(map(str, fused_layers))}"] if fused_layers else []))
     device = input_device(model)
     out = []
     for start in tqdm(range(0, len(sequences), shard_size), desc="states", unit="shard"):
@@ -129,19 +135,31 @@ def sequence_states(model, sequences: list[list[int]], prompt_lengths: list[int]
         path = data_dir / f"states-{layers}-{start // shard_size:04d}.pt"
         saved = torch.load(path, weights_only=True) if path.exists() else None
         if saved is None or saved["sequences"] != shard:
-            states = [forward_states(model, torch.tensor([seq], device=device), exit_layer) for seq in shard]
-            saved = {"sequences": shard, "final": [f.half().cpu() for f, _ in states],
-                     "shallow": [s.half().cpu() if s is not None else None for _, s in states]}
+            states = [forward_states(model, torch.tensor([seq], device=device), exit_layer, fused_layers)
+                      for seq in shard]
+            saved = {"sequences": shard, **{part: [half(state[i]) for state in states]
+                                            for i, part in enumerate(("final", "shallow", "inner"))}}
             save_atomic(saved, path)
-        for seq, prompt_length, final, shallow in zip(shard, prompt_lengths[start:start + shard_size], saved["final"],
-                                                      saved["shallow"]):
-            out.append(TrainingSequence(torch.tensor(seq), prompt_length, final.to(model.dtype),
-                                        shallow.to(model.dtype) if shallow is not None else None))
+        inner = saved.get("inner", [None] * len(shard))  # shards written before fused layers hold none
+        for seq, prompt_length, *states in zip(shard, prompt_lengths[start:start + shard_size], saved["final"],
+                                               saved["shallow"], inner):
+            out.append(TrainingSequence(torch.tensor(seq), prompt_length, *(as_dtype(s, model.dtype) for s in states)))
     return out
 
 
-def forward_states(model, ids: torch.Tensor, exit_layer: int | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(final (L, hidden), state after exit_layer layers (L, hidden) or None) of one sequence ids (1, L)."""
-    out = base_model(model)(ids, output_hidden_states=exit_layer is not None)
+def half(state: torch.Tensor | None) -> torch.Tensor | None:
+    return state.half().cpu() if state is not None else None
+
+
+def as_dtype(state: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    return state.to(dtype) if state is not None else None
+
+
+def forward_states(model, ids: torch.Tensor, exit_layer: int | None,
+                   fused_layers: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """(final (L, hidden), state after exit_layer layers (L, hidden) or None, inner_states after fused_layers
+    (L, n x hidden) or None) of one sequence ids (1, L)."""
+    out = base_model(model)(ids, output_hidden_states=exit_layer is not None or bool(fused_layers))
     shallow = out.hidden_states[exit_layer][0] if exit_layer is not None else None
-    return out.last_hidden_state[0], shallow
+    inner = inner_states([out.hidden_states[layer][0] for layer in fused_layers]) if fused_layers else None
+    return out.last_hidden_state[0], shallow, inner

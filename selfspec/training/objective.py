@@ -26,6 +26,7 @@ class BatchStates:
     against. Feature head: position i feeds (h_i, x_{i+1}) and predicts h_{i+1}."""
     predicted: list[torch.Tensor]  # (B, L, hidden) per chain step (chain_states; the Kangaroo adapter: one)
     inputs: torch.Tensor  # (B, L, hidden): the part's input states (h_i for the head), noised where training noises
+    inner: torch.Tensor | None  # (B, L, n x hidden): a head's inner_states after its n fused layers at i, or None
     targets: torch.Tensor  # (B, L, hidden): the true state each position predicts
     tokens: torch.Tensor  # (B, L + 1) long: the sequences' tokens
     mask: torch.Tensor  # (B, L) long: 1 at a sequence's positions, 0 at padding
@@ -45,11 +46,15 @@ def batch_states(part, model, batch: list[TrainingSequence], noise: float, gener
     tokens = torch.zeros(len(batch), length + 1, dtype=torch.long)  # (B, L + 1)
     mask = torch.zeros(len(batch), length, dtype=torch.long)  # (B, L)
     generated = torch.zeros(len(batch), length, dtype=torch.bool)  # (B, L)
+    fused = feature and bool(part.fused_layers)
+    inner = torch.zeros(len(batch), length, batch[0].inner.shape[-1], dtype=model.dtype) if fused else None
     scored = 2 if feature else 1  # the state at position j scores token j + scored
     for row, seq in enumerate(batch):
         n = len(seq.tokens) - (1 if feature else 0)
         inputs[row, :n] = seq.final[:n] if feature else seq.shallow
         targets[row, :n] = seq.final[1:] if feature else seq.final
+        if fused:
+            inner[row, :n] = seq.inner[:n]
         tokens[row, :len(seq.tokens)] = seq.tokens
         mask[row, :n] = 1
         generated[row, max(seq.prompt_length - scored, 0):n] = True
@@ -57,14 +62,15 @@ def batch_states(part, model, batch: list[TrainingSequence], noise: float, gener
         inputs = inputs + noise * torch.randn(inputs.shape, generator=generator, dtype=inputs.dtype)
     device = next(part.parameters()).device
     inputs, targets, tokens, mask = inputs.to(device), targets.to(device), tokens.to(device), mask.to(device)
+    inner = inner.to(device) if fused else None
     if feature:
         embeds = model.get_input_embeddings()(tokens[:, 1:])  # (B, L, hidden)
-        predicted = chain_states(part, inputs, embeds, mask.sum(1).tolist(), steps)
+        predicted = chain_states(part, inputs, embeds, mask.sum(1).tolist(), steps, inner)
     else:
         positions = torch.arange(length, device=device)[None].expand(len(batch), -1)  # (B, L)
         predicted = [part(inputs_embeds=inputs, position_ids=positions, attention_mask=mask,
                           use_cache=False).last_hidden_state]
-    return BatchStates(predicted, inputs, targets, tokens, mask, generated.to(device))
+    return BatchStates(predicted, inputs, inner, targets, tokens, mask, generated.to(device))
 
 
 def losses(states: BatchStates, model, weight: torch.Tensor, weights,

@@ -63,10 +63,11 @@ def train(run: RunSettings, out_dir: Path) -> Path:
     exit_layer = check_exit_layer(run.kangaroo.exit_layer, num_layers(model)) if kind == "kangaroo" else None
     data_dir = Path(settings.data_dir).expanduser() if settings.data_dir else work_dir / "draft_data"
     store_path = work_dir / "store.pt"  # the generations themselves, to draft from (models/token_store.py)
-    data = training_data(loaded, settings, data_dir, exit_layer, store_path, made_by=provenance(run))
+    fused_layers = tuple(run.draft_head.fused_layers)
+    data = training_data(loaded, settings, data_dir, exit_layer, store_path, fused_layers, made_by=provenance(run))
     token_ids, weight = output_rows(model, loaded.tokenizer, run.draft.vocab_size)
     train_weight = training_rows(token_ids, weight, data, settings.ce_vocab)
-    part = new_part(model, kind, exit_layer)
+    part = new_part(model, kind, exit_layer, fused_layers)
     wandb_run = start_run(run.logger, out_dir, asdict(run), job_type="train_draft")
     try:
         splits = split(data, settings.val_fraction, settings.seed)
@@ -91,9 +92,9 @@ def train(run: RunSettings, out_dir: Path) -> Path:
     return path
 
 
-def new_part(model, kind: str, exit_layer: int | None):
+def new_part(model, kind: str, exit_layer: int | None, fused_layers: tuple[int, ...] = ()):
     """An untrained part of `kind`, trainable (float32 weights stay as the model's dtype)."""
-    part = new_feature_head(model) if kind == "feature" else new_adapter(model, exit_layer)
+    part = new_feature_head(model, fused_layers) if kind == "feature" else new_adapter(model, exit_layer)
     return part.requires_grad_(True)
 
 
@@ -199,7 +200,8 @@ def fit(part, model, splits: tuple[list, list], rows: tuple[torch.Tensor, torch.
             save(part_path, row)
         history.append(row)
         save_atomic({"state_dict": part.state_dict(), "optimizer": optimizer.state_dict(), "history": history,
-                     "kind": kind, "exit_layer": exit_layer, "model": model_signature(model),
+                     "kind": kind, "exit_layer": exit_layer, "fused_layers": list(getattr(part, "fused_layers", ())),
+                     "model": model_signature(model),
                      "validation": validation}, checkpoint_path)
         if wandb_run is not None:
             wandb_run.log(row)
@@ -225,6 +227,10 @@ def resume(path: Path, part, optimizer, model, kind: str, exit_layer: int | None
     if saved.get("kind") != kind or saved["exit_layer"] != exit_layer or saved["model"] != model_signature(model):
         raise SelfspecError(f"draft_head={kind}: the checkpoint {path} was trained as {saved.get('kind')} (exit layer "
                             f"{saved['exit_layer']}) for {saved['model']['model_type']}; use another output directory")
+    fused_layers = list(getattr(part, "fused_layers", ()))
+    if saved.get("fused_layers", []) != fused_layers:
+        raise SelfspecError(f"draft_head.fused_layers={fused_layers}: the checkpoint {path} was trained with "
+                            f"{saved.get('fused_layers', [])}; use another output directory")
     if saved.get("validation") != validation:  # its best-so-far losses would not compare with this run's
         raise SelfspecError(f"the checkpoint {path} was validated with {saved.get('validation', 'a split by sequence')}"
                             f", this run with {validation}: use another output directory")

@@ -7,6 +7,8 @@ verification's, a tree's nodes included. The cache follows them (`RewindableCach
 accepted path moves its states too, and index i always holds the state of the token kept at position i. The next
 draft first runs the head over the kept positions it has not seen (the accepted drafts and the bonus token), whose
 last prediction gives the first draft token; each further draft token costs one head step on its own prediction.
+A head with fused layers also reads the model's states after them: hooks on those layers hand each forward's to the
+same hook, which keeps them beside the final ones (`inner`), for the catch-up alone.
 """
 
 import torch
@@ -19,8 +21,8 @@ from selfspec.decoding.registry import StrategyInputs, StrategySpec
 from selfspec.models.cache import RewindableCache
 from selfspec.models.devices import execution_device, input_device, output_device
 from selfspec.models.draft_head import DraftHead
-from selfspec.models.feature_head import FeatureHead
-from selfspec.models.layouts import base_model, num_layers
+from selfspec.models.feature_head import FeatureHead, inner_states
+from selfspec.models.layouts import base_model, decoder_layers, num_layers
 from selfspec.models.output_layer import model_logits
 from selfspec.settings import SkipSet, make_skip_set
 
@@ -31,21 +33,30 @@ class HeadFeatures:
 
     def __init__(self, model, head: FeatureHead, vocab_head: DraftHead | None = None):
         self.model, self.head, self.vocab_head = model, head, vocab_head
-        self.hook, self.cache, self.features = None, None, None
+        self.hooks, self.cache, self.features, self.inner = [], None, None, None
+        self.layer_states: dict[int, torch.Tensor] = {}  # fused layer -> this forward's states after it
 
     def begin(self, cache: RewindableCache) -> None:
         self.stop()
         self.cache, self.tokens = cache, []
         self.head_cache = RewindableCache(1, cache.max_len)
         self.seen = 0  # head positions 0..seen-1 ran on verified features and kept tokens
-        self.hook = base_model(self.model).register_forward_hook(self._keep, with_kwargs=True)
+        base, layers = base_model(self.model), decoder_layers(self.model)
+        self.hooks = [base.register_forward_pre_hook(lambda *_: self.layer_states.clear()),
+                      base.register_forward_hook(self._keep, with_kwargs=True)]
+        self.hooks += [layers[n - 1].register_forward_hook(self._layer_hook(n)) for n in self.head.fused_layers]
 
     def stop(self) -> None:
-        """Remove the hook and let go of the generation's cache (the hook does this itself once a forward over
+        """Remove the hooks and let go of the generation's cache (the hook does this itself once a forward over
         another cache runs)."""
-        if self.hook is not None:
-            self.hook.remove()
-        self.hook, self.cache, self.features = None, None, None
+        for hook in self.hooks:
+            hook.remove()
+        self.hooks, self.cache, self.features, self.inner = [], None, None, None
+
+    def _layer_hook(self, layer: int):
+        def keep_layer(module, args, output) -> None:
+            self.layer_states[layer] = output[0] if isinstance(output, tuple) else output  # (batch, q, hidden)
+        return keep_layer
 
     def _keep(self, base, args, kwargs, output) -> None:
         """Copy the forward's final hidden states (1, q, hidden) of our tokens to the cache indices their K/V went to."""
@@ -63,6 +74,12 @@ class HeadFeatures:
             self.features = hidden.new_zeros(self.cache.max_len, hidden.shape[-1])  # (max_len, hidden)
             self.cache.follow(self.features)
         self.features[start:start + len(hidden)] = hidden
+        if self.head.fused_layers and len(self.layer_states) == len(self.head.fused_layers):
+            inner = inner_states([self.layer_states[n][0, tokens] for n in self.head.fused_layers])  # (q, n x hidden)
+            if self.inner is None:
+                self.inner = inner.new_zeros(self.cache.max_len, inner.shape[-1])  # (max_len, n x hidden)
+                self.cache.follow(self.inner)
+            self.inner[start:start + len(inner)] = inner
 
     @torch.inference_mode()
     def next_logits(self, ids: list[int], start: int) -> torch.Tensor:
@@ -71,14 +88,16 @@ class HeadFeatures:
         if start == len(self.tokens) - 1:  # head position j takes h_j and token j + 1: catch up to j = start - 1
             self.seen = min(self.seen, start - 1)  # a banned word's rollback may have taken back what it saw
             first, features = self.seen, self.features[self.seen:start]  # (q, hidden)
+            inner = self.inner[self.seen:start][None] if self.inner is not None else None  # (1, q, n x hidden)
             ids, self.seen = self.tokens[self.seen + 1:start + 1], start
         else:
-            first, features = start - 1, self.predicted[None]  # (1, hidden)
+            first, features, inner = start - 1, self.predicted[None], None  # (1, hidden): unknown inner states
         device = execution_device(self.head)
         embeds = self.model.get_input_embeddings()(torch.tensor([ids], device=input_device(self.model)))
         positions = torch.arange(first, first + len(ids), device=device)[None]  # (1, q)
         self.head_cache.rewind(first)
-        self.predicted = self.head(features[None].to(device), embeds.to(device), positions, self.head_cache)[0, -1]
+        self.predicted = self.head(features[None].to(device), embeds.to(device), positions, self.head_cache,
+                                   inner=inner.to(device) if inner is not None else None)[0, -1]
         if self.vocab_head is not None:
             return self.vocab_head.logits(self.predicted)
         return model_logits(self.model, self.predicted[None])[0]
@@ -120,6 +139,8 @@ def head_draft_ms(model, head: FeatureHead, vocab_head: DraftHead | None) -> flo
     features.tokens = [5] * (CONTEXT + 1)
     hidden = model.config.get_text_config().hidden_size
     features.features = torch.zeros(CONTEXT, hidden, dtype=model.dtype, device=execution_device(head))
+    if head.fused_layers:
+        features.inner = features.features.new_zeros(CONTEXT, len(head.fused_layers) * hidden)
     features.next_logits([5], CONTEXT)  # the head's context: CONTEXT positions
     return timed_ms(lambda: features.next_logits([5], CONTEXT + 1), output_device(model))
 
