@@ -16,6 +16,7 @@ from selfspec.models import trained_parts
 from selfspec.models.cache import RewindableCache
 from selfspec.models.feature_head import (inner_states, load_feature_head, loaded_feature_head, new_feature_head,
                                          save_feature_head)
+from selfspec.models.grouped_attention import use_grouped_attention
 from selfspec.models.tiny import tiny_model
 from selfspec.models.trained_parts import sha256, ship_part
 from selfspec.settings import default_settings
@@ -76,12 +77,16 @@ class CheckedFeatures(HeadFeatures):
         return logits
 
 
+@pytest.mark.parametrize("layout", ["llama", "gemma2"])
 @pytest.mark.parametrize("fused_layers", [(), (2, 4)])
 @pytest.mark.parametrize("tree", [False, True], ids=["chain", "tree"])
-def test_the_head_reads_the_states_of_exactly_the_kept_tokens_and_decodes_losslessly(tiny, fused_layers, tree,
+def test_the_head_reads_the_states_of_exactly_the_kept_tokens_and_decodes_losslessly(layout, fused_layers, tree,
                                                                                     monkeypatch):
     """Past gemma2's 16-token window; a tree branches at every position (`branch_below` 1), and its drafts' top
-    two are swapped at every other position, so accepted paths leave the first branch and their states move."""
+    two are swapped at every other position, so accepted paths leave the first branch and their states move. A model
+    of its own: the check's output_hidden_states leaves transformers' capturing hooks on every layer."""
+    tiny = tiny_model(layout, num_layers=6).double()
+    use_grouped_attention(tiny)
     features = CheckedFeatures(tiny, noisy_head(tiny, fused_layers=fused_layers), oracle=True)
     drafter = HeadTreeDrafter(tiny, features, DraftExit(3), nodes=8, depth=3, width=2, branch_below=1.0) if tree \
         else HeadDrafter(tiny, features, DraftExit(3))

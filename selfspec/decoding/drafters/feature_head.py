@@ -42,9 +42,10 @@ class HeadFeatures:
         self.head_cache = RewindableCache(1, cache.max_len)
         self.seen = 0  # head positions 0..seen-1 ran on verified features and kept tokens
         base, layers = base_model(self.model), decoder_layers(self.model)
-        self.hooks = [base.register_forward_pre_hook(lambda *_: self.layer_states.clear()),
-                      base.register_forward_hook(self._keep, with_kwargs=True)]
-        self.hooks += [layers[n - 1].register_forward_hook(self._layer_hook(n)) for n in self.head.fused_layers]
+        self.hooks = [base.register_forward_hook(self._keep, with_kwargs=True)]
+        if self.head.fused_layers:
+            self.hooks += [base.register_forward_pre_hook(lambda *_: self.layer_states.clear())]
+            self.hooks += [layers[n - 1].register_forward_hook(self._layer_hook(n)) for n in self.head.fused_layers]
 
     def stop(self) -> None:
         """Remove the hooks and let go of the generation's cache (the hook does this itself once a forward over
