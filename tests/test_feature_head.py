@@ -60,7 +60,8 @@ class CheckedFeatures(HeadFeatures):
                 torch.testing.assert_close(self.features[:start], truth, **CLOSE)
                 inner = None
                 if self.head.fused_layers:
-                    inner = inner_states([out.hidden_states[n][0] for n in self.head.fused_layers])  # (start, n x hidden)
+                    fused = [out.hidden_states[n][0] for n in self.head.fused_layers]  # (start, hidden) each
+                    inner = inner_states(fused)  # (start, n x hidden)
                     torch.testing.assert_close(self.inner[:start], inner, **CLOSE)
                     inner = inner[None]
                 embeds = self.model.get_input_embeddings()(torch.tensor([self.tokens[1:]]))

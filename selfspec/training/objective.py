@@ -26,7 +26,6 @@ class BatchStates:
     against. Feature head: position i feeds (h_i, x_{i+1}) and predicts h_{i+1}."""
     predicted: list[torch.Tensor]  # (B, L, hidden) per chain step (chain_states; the Kangaroo adapter: one)
     inputs: torch.Tensor  # (B, L, hidden): the part's input states (h_i for the head), noised where training noises
-    inner: torch.Tensor | None  # (B, L, n x hidden): a head's inner_states after its n fused layers at i, or None
     targets: torch.Tensor  # (B, L, hidden): the true state each position predicts
     tokens: torch.Tensor  # (B, L + 1) long: the sequences' tokens
     mask: torch.Tensor  # (B, L) long: 1 at a sequence's positions, 0 at padding
@@ -46,7 +45,7 @@ def batch_states(part, model, batch: list[TrainingSequence], noise: float, gener
     tokens = torch.zeros(len(batch), length + 1, dtype=torch.long)  # (B, L + 1)
     mask = torch.zeros(len(batch), length, dtype=torch.long)  # (B, L)
     generated = torch.zeros(len(batch), length, dtype=torch.bool)  # (B, L)
-    fused = feature and bool(part.fused_layers)
+    fused = feature and bool(part.fused_layers)  # chain step 1 also reads the head's inner_states at i
     inner = torch.zeros(len(batch), length, batch[0].inner.shape[-1], dtype=model.dtype) if fused else None
     scored = 2 if feature else 1  # the state at position j scores token j + scored
     for row, seq in enumerate(batch):
@@ -70,7 +69,7 @@ def batch_states(part, model, batch: list[TrainingSequence], noise: float, gener
         positions = torch.arange(length, device=device)[None].expand(len(batch), -1)  # (B, L)
         predicted = [part(inputs_embeds=inputs, position_ids=positions, attention_mask=mask,
                           use_cache=False).last_hidden_state]
-    return BatchStates(predicted, inputs, inner, targets, tokens, mask, generated.to(device))
+    return BatchStates(predicted, inputs, targets, tokens, mask, generated.to(device))
 
 
 def losses(states: BatchStates, model, weight: torch.Tensor, weights,
