@@ -60,14 +60,20 @@ def inner_states(states: list[torch.Tensor]) -> torch.Tensor:
                       for state in states], dim=-1)
 
 
+def check_fused_layers(fused_layers: tuple[int, ...], layers: int) -> int:
+    """Refuse in one line a fused layer outside 1..layers-1 (the states after that many layers); returns layers - 1,
+    the index of the last layer, which the head copies."""
+    for layer in fused_layers:
+        if not 1 <= layer < layers:
+            raise SelfspecError(f"draft_head.fused_layers={list(fused_layers)}: {layer} is out of range; allowed: "
+                                f"1..{layers - 1} (layers before the state)")
+    return layers - 1
+
+
 def new_feature_head(model, fused_layers: tuple[int, ...] = ()) -> FeatureHead:
     """An untrained head for `model`, its layer a copy of the model's last one, in the model's dtype on the device
     of the model's last layer (whose output it reads); reading the states after `fused_layers` layers too."""
-    last = num_layers(model) - 1
-    for layer in fused_layers:
-        if not 1 <= layer <= last:
-            raise SelfspecError(f"draft_head.fused_layers={list(fused_layers)}: {layer} is out of range; allowed: "
-                                f"1..{last} (layers before the state)")
+    last = check_fused_layers(fused_layers, num_layers(model))
     head = FeatureHead(one_layer_model(model, last, "a feature head"), model.config.get_text_config().hidden_size,
                        fused_layers)
     return head.to(device=execution_device(final_norm(model)), dtype=model.dtype)

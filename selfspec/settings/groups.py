@@ -243,8 +243,6 @@ class DraftHeadSettings:
         for name in ("feature_weight", "soft_ce_weight", "feature_noise"):
             at_least(name, getattr(self, name), 0)
         at_least("chain_steps", self.chain_steps, 1)
-        if any(layer < 1 for layer in self.fused_layers):
-            raise SelfspecError(f"fused_layers={list(self.fused_layers)}: each must be >= 1 (layers before the state)")
         if self.kind == "kangaroo" and self.fused_layers:
             raise SelfspecError(f"fused_layers={list(self.fused_layers)}: the Kangaroo adapter reads its exit layer's "
                                 f"state alone; allowed: []")

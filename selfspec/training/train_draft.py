@@ -38,7 +38,7 @@ from tqdm import tqdm
 from selfspec.data.prompt_sets import calibration_texts
 from selfspec.errors import SelfspecError
 from selfspec.models.draft_head import make_draft_head
-from selfspec.models.feature_head import new_feature_head, save_feature_head
+from selfspec.models.feature_head import check_fused_layers, new_feature_head, save_feature_head
 from selfspec.models.kangaroo_adapter import check_exit_layer, new_adapter, save_adapter
 from selfspec.models.loading import load_model
 from selfspec.models.layouts import num_layers
@@ -61,9 +61,10 @@ def train(run: RunSettings, out_dir: Path) -> Path:
     loaded = load_model(run.model)
     model = loaded.model.requires_grad_(False)  # frozen: gradients flow into the draft only
     exit_layer = check_exit_layer(run.kangaroo.exit_layer, num_layers(model)) if kind == "kangaroo" else None
+    fused_layers = tuple(run.draft_head.fused_layers)
+    check_fused_layers(fused_layers, num_layers(model))  # before the data, which holds their states
     data_dir = Path(settings.data_dir).expanduser() if settings.data_dir else work_dir / "draft_data"
     store_path = work_dir / "store.pt"  # the generations themselves, to draft from (models/token_store.py)
-    fused_layers = tuple(run.draft_head.fused_layers)
     data = training_data(loaded, settings, data_dir, exit_layer, store_path, fused_layers, made_by=provenance(run))
     token_ids, weight = output_rows(model, loaded.tokenizer, run.draft.vocab_size)
     train_weight = training_rows(token_ids, weight, data, settings.ce_vocab)
