@@ -11,10 +11,12 @@ from omegaconf import OmegaConf
 
 from selfspec.data.prompt_sets import encode_prompt, load_prompt_set
 from selfspec.decoding.costs import DraftCosts
-from selfspec.decoding.draft_exit import CostAwareExit
+from selfspec.decoding.draft_exit import CostAwareExit, DraftExit
 from selfspec.decoding.drafters import GenerationContext, NgramDrafter, NgramTreeDrafter
+from selfspec.decoding.drafters.feature_head import HeadDrafter, HeadFeatures
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
+from selfspec.models.feature_head import new_feature_head, save_feature_head
 from selfspec.models.loading import load_model
 from selfspec.models.tiny import byte_tokenizer, tiny_model
 from selfspec.plots import figures as figs
@@ -24,6 +26,7 @@ from selfspec.settings import default_settings, from_config, make_skip_set
 from helpers import FIGURES, pinned
 import batch_throughput  # experiments/, on sys.path by conftest
 import copy_replay
+import head_agreement
 import head_data_scaling
 from random_skip_sets import random_skip_sets, skip_sets_yaml
 from sample_records import TEST_RUNS, slim
@@ -241,3 +244,60 @@ def test_copy_replay_tables_both_copiers_per_category_for_each_variant(capsys, t
         copy_replay.main(tmp_path, overrides)
     with pytest.raises(SystemExit, match="records.jsonl does not exist"):
         copy_replay.main(tmp_path / "missing", overrides)
+
+
+@pytest.mark.parametrize("fused_layers", [(), (2,)])
+def test_head_agreement_predicts_each_token_as_the_live_head_drafts_it_first(fused_layers):
+    """At every position the live head drafted a first token (a chain of 1 at every step), the offline reading
+    predicts that token there, and not the next position's: the states and tokens it reads line up as live."""
+    model = tiny_model("llama", num_layers=4).double()
+    head = new_feature_head(model, fused_layers).eval()
+    prompt = byte_tokenizer()("def fib(n):\n    return fib(n - 1) + fib(n - 2)\n").input_ids
+    settings = replace(default_settings().sampling, max_new_tokens=24)
+    drafter = HeadDrafter(model, HeadFeatures(model, head), DraftExit(1))
+    firsts, draft = {}, drafter.draft  # context length: the draft's first token
+
+    def recording_draft(tokens, most):
+        drafted = draft(tokens, most)
+        if drafted.tokens:
+            firsts[len(tokens)] = drafted.tokens[0]
+        return drafted
+
+    drafter.draft = recording_draft
+    output = generate(model, prompt, settings, drafter).new_tokens
+    first = len(prompt) + 1  # the prefill gives the first output token
+    predicted = head_agreement.head_predictions(model, head, None, prompt + output, first, top=1)[:, 0]
+    assert len(predicted) == len(output) - 1 and len(firsts) >= 10
+    assert all(predicted[length - first] == token for length, token in firsts.items())
+    assert any(predicted[length - first + 1] != token for length, token in firsts.items()
+               if length - first + 1 < len(predicted))
+
+
+def test_head_agreement_tables_each_head_per_category(capsys, tmp_path):
+    overrides = ["model=tiny_llama", "data.limit=1", "sampling.max_new_tokens=12"]
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        settings = from_config(compose("config", overrides=["data=mix", *overrides]))
+    loaded = load_model(settings.model)
+    prompts = load_prompt_set(settings.data)
+    rows = [{"strategy": "plain", "question_id": p.question_id, "category": p.category, "turn": 0,
+             "output_ids": generate(loaded.model, encode_prompt(loaded.tokenizer, p), settings.sampling,
+                                    end_ids=loaded.end_ids).new_tokens} for p in prompts]
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    heads = [tmp_path / "a.pt", tmp_path / "b.pt"]
+    for path, fused_layers in zip(heads, [(), (1,)]):
+        save_feature_head(path, new_feature_head(loaded.model, fused_layers), loaded.model)
+    head_agreement.main(tmp_path, [str(path) for path in heads], overrides)
+    lines = capsys.readouterr().out.splitlines()
+    header = next(line for line in lines if line.startswith("| head"))
+    assert header.strip("| ").split(" | ")[1:] == ["all", *sorted({p.category for p in prompts})]
+    table = [line.strip("| ").split(" | ") for line in lines if line.startswith(f"| {tmp_path}")]
+    assert [row[0] for row in table] == [str(path) for path in heads]
+    for row in table:
+        shares = [tuple(float(x) for x in cell.rstrip(")").split(" (")) for cell in row[1:]]
+        assert len(shares) == len(header.strip("| ").split(" | ")) - 1
+        assert all(0.0 <= top1 <= top3 <= 1.0 for top1, top3 in shares)
+    with pytest.raises(SelfspecError, match="does not exist"):
+        head_agreement.main(tmp_path, [str(tmp_path / "none.pt")], overrides)
+    (tmp_path / "records.jsonl").write_text("".join(json.dumps(row | {"strategy": "self_spec"}) + "\n" for row in rows))
+    with pytest.raises(SystemExit, match="holds no plain decoding"):
+        head_agreement.main(tmp_path, [str(heads[0])], overrides)
