@@ -218,8 +218,9 @@ def test_copy_replay_steps_as_the_decoding_loop_does():
             assert sum(drafted > 0 for _, drafted in steps) >= 3
 
 
-def test_copy_replay_tables_both_copiers_per_category_for_each_variant(capsys, tmp_path):
-    overrides = ["model=tiny_llama", "data.limit=1", "sampling.max_new_tokens=12"]
+def write_plain_records(folder: Path, overrides: list[str]):
+    """Plain decoding of the prompts `overrides` select (over data=mix), written as a run writes its records to
+    folder/records.jsonl: (the loaded model, the prompts, the rows)."""
     with initialize_config_dir(str(CONF), version_base="1.3"):
         settings = from_config(compose("config", overrides=["data=mix", *overrides]))
     loaded = load_model(settings.model)
@@ -227,7 +228,13 @@ def test_copy_replay_tables_both_copiers_per_category_for_each_variant(capsys, t
     rows = [{"strategy": "plain", "question_id": p.question_id, "category": p.category, "turn": 0,
              "output_ids": generate(loaded.model, encode_prompt(loaded.tokenizer, p), settings.sampling,
                                     end_ids=loaded.end_ids).new_tokens} for p in prompts]
-    (tmp_path / "records.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (folder / "records.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return loaded, prompts, rows
+
+
+def test_copy_replay_tables_both_copiers_per_category_for_each_variant(capsys, tmp_path):
+    overrides = ["model=tiny_llama", "data.limit=1", "sampling.max_new_tokens=12"]
+    _, prompts, rows = write_plain_records(tmp_path, overrides)
     copy_replay.main(tmp_path, [*overrides, "--", "draft.tree_depth=2", "--", "draft.ngram_size=1"])
     lines = capsys.readouterr().out.splitlines()
     header = next(line for line in lines if line.startswith("| variant"))
@@ -275,14 +282,7 @@ def test_head_agreement_predicts_each_token_as_the_live_head_drafts_it_first(fus
 
 def test_head_agreement_tables_each_head_per_category(capsys, tmp_path):
     overrides = ["model=tiny_llama", "data.limit=1", "sampling.max_new_tokens=12"]
-    with initialize_config_dir(str(CONF), version_base="1.3"):
-        settings = from_config(compose("config", overrides=["data=mix", *overrides]))
-    loaded = load_model(settings.model)
-    prompts = load_prompt_set(settings.data)
-    rows = [{"strategy": "plain", "question_id": p.question_id, "category": p.category, "turn": 0,
-             "output_ids": generate(loaded.model, encode_prompt(loaded.tokenizer, p), settings.sampling,
-                                    end_ids=loaded.end_ids).new_tokens} for p in prompts]
-    (tmp_path / "records.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    loaded, prompts, rows = write_plain_records(tmp_path, overrides)
     heads = [tmp_path / "a.pt", tmp_path / "b.pt"]
     for path, fused_layers in zip(heads, [(), (1,)]):
         save_feature_head(path, new_feature_head(loaded.model, fused_layers), loaded.model)
