@@ -24,11 +24,11 @@ from selfspec.data.prompt_sets import calibration_texts, encode_prompt, load_pro
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import execution_device, input_device
 from selfspec.models.draft_head import DraftHead, make_draft_head
-from selfspec.models.feature_head import FeatureHead, inner_states, load_feature_head
-from selfspec.models.layouts import base_model
+from selfspec.models.feature_head import FeatureHead, load_feature_head
 from selfspec.models.loading import load_model
 from selfspec.models.output_layer import model_logits
 from selfspec.settings import from_config
+from selfspec.training.draft_data import forward_states
 
 TOP = 3
 
@@ -38,12 +38,11 @@ def head_predictions(model, head: FeatureHead, vocab: DraftHead | None, ids: lis
                      top: int = TOP) -> torch.Tensor:
     """(len(ids) - first, top) token ids: the head's `top` best for each of ids[first:], each read from the model's
     state at the position two before it and the token one before it, as a draft's first token is live."""
-    states = base_model(model)(torch.tensor([ids], device=input_device(model)),
-                               output_hidden_states=bool(head.fused_layers))
+    final, _, inner = forward_states(model, torch.tensor([ids], device=input_device(model)), None,
+                                     head.fused_layers)  # (n, hidden), (n, fused x hidden) or None
     device = execution_device(head)
-    features = states.last_hidden_state[:, :-1].to(device)  # (1, n - 1, hidden): h_t
-    inner = inner_states([states.hidden_states[n][:, :-1] for n in head.fused_layers]).to(device) \
-        if head.fused_layers else None  # (1, n - 1, fused x hidden)
+    features = final[None, :-1].to(device)  # (1, n - 1, hidden): h_t
+    inner = inner[None, :-1].to(device) if inner is not None else None  # (1, n - 1, fused x hidden)
     embeds = model.get_input_embeddings()(torch.tensor([ids[1:]], device=input_device(model))).to(device)  # x_{t+1}
     positions = torch.arange(len(ids) - 1, device=device)[None]  # (1, n - 1)
     predicted = head(features, embeds, positions, inner=inner)[0, first - 2:len(ids) - 2]  # (rows, hidden): h_{t+1}
