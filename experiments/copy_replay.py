@@ -24,6 +24,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
+from selfspec.data.formats import Prompt
 from selfspec.data.prompt_sets import encode_prompt, load_prompt_set
 from selfspec.decoding.costs import CostMeter
 from selfspec.decoding.drafters import Draft, GenerationContext
@@ -57,10 +58,20 @@ def replay(drafter, context: GenerationContext, prompt: list[int], output: list[
     return steps
 
 
-def main(records: Path, overrides: list[str]) -> None:
+def plain_rows(records: Path, prompts: dict[str, Prompt], selected_by: list[str]) -> list[dict]:
+    """The rows of records/records.jsonl that decoded the first turn of `prompts` plainly (the overrides
+    `selected_by` chose them); exits in one line where the file is missing or holds none."""
     if not (records / "records.jsonl").is_file():
         sys.exit(f"{records}/records.jsonl does not exist: give the folder of a run that decoded plain (make bench "
                  f"OUT=<dir> ARGS=\"'strategies=[plain]'\")")
+    plain = [row for row in map(json.loads, (records / "records.jsonl").open())
+             if row["strategy"] == "plain" and row["question_id"] in prompts and row["turn"] == 0]
+    if not plain:
+        sys.exit(f"{records}/records.jsonl holds no plain decoding of the prompts {selected_by} select")
+    return plain
+
+
+def main(records: Path, overrides: list[str]) -> None:
     chunks = [[]]  # the common overrides, then one list a variant
     for argument in overrides:
         if argument == "--":
@@ -70,17 +81,14 @@ def main(records: Path, overrides: list[str]) -> None:
     common, variants = chunks[0], chunks[1:] or [[]]
     with initialize_config_dir(str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
         settings = [from_config(compose("config", overrides=["data=mix", *common, *variant])) for variant in variants]
+    prompts = {prompt.question_id: prompt for prompt in load_prompt_set(settings[0].data)}
+    plain = plain_rows(records, prompts, common)
     loaded = load_model(settings[0].model)
     skip, _ = resolve_skip(settings[0].skip, num_layers(loaded.model))
     meter = CostMeter(loaded.model, max(max(s.draft.max_tokens, s.draft.ngram_tokens, s.draft.tree_nodes)
                                         for s in settings) + 1)
     verify_ms = meter.costs(None).verify_ms
     print(meter.summary())
-    prompts = {prompt.question_id: prompt for prompt in load_prompt_set(settings[0].data)}
-    plain = [row for row in map(json.loads, (records / "records.jsonl").open())
-             if row["strategy"] == "plain" and row["question_id"] in prompts and row["turn"] == 0]
-    if not plain:
-        sys.exit(f"{records}/records.jsonl holds no plain decoding of the prompts {common} select")
     context = GenerationContext(None, settings[0].sampling, end_ids=loaded.end_ids)  # copiers read no cache
     categories = ["all", *sorted({row["category"] for row in plain})]
     print(f"{len(plain)} prompts; per copier and category: modelled speedup (tokens per verification)\n")

@@ -13,7 +13,6 @@ prompts the records hold (`model=`, `data.*`). The first output token is the pre
 """
 
 import collections
-import json
 import sys
 from pathlib import Path
 
@@ -29,6 +28,8 @@ from selfspec.models.loading import load_model
 from selfspec.models.output_layer import model_logits
 from selfspec.settings import from_config
 from selfspec.training.draft_data import forward_states
+
+from copy_replay import plain_rows  # experiments/, beside this script
 
 TOP = 3
 
@@ -51,19 +52,13 @@ def head_predictions(model, head: FeatureHead, vocab: DraftHead | None, ids: lis
 
 
 def main(records: Path, heads: list[str], overrides: list[str]) -> None:
-    if not (records / "records.jsonl").is_file():
-        sys.exit(f"{records}/records.jsonl does not exist: give the folder of a run that decoded plain (make bench "
-                 f"OUT=<dir> ARGS=\"'strategies=[plain]'\")")
     with initialize_config_dir(str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
         settings = from_config(compose("config", overrides=["data=mix", *overrides]))
+    prompts = {prompt.question_id: prompt for prompt in load_prompt_set(settings.data)}
+    plain = plain_rows(records, prompts, overrides)
     loaded = load_model(settings.model)
     vocab = make_draft_head(loaded.model, loaded.tokenizer, settings.draft.vocab_size, calibration_texts()) \
         if settings.draft.vocab_size else None
-    prompts = {prompt.question_id: prompt for prompt in load_prompt_set(settings.data)}
-    plain = [row for row in map(json.loads, (records / "records.jsonl").open())
-             if row["strategy"] == "plain" and row["question_id"] in prompts and row["turn"] == 0]
-    if not plain:
-        sys.exit(f"{records}/records.jsonl holds no plain decoding of the prompts {overrides} select")
     categories = ["all", *sorted({row["category"] for row in plain})]
     print(f"{len(plain)} prompts, draft vocabulary {settings.draft.vocab_size or 'all'}; per head and category: "
           f"top-1 agreement (top {TOP})\n")
