@@ -16,6 +16,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from selfspec.data.prompt_sets import encode_prompt, load_prompt_set
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.strategies import cost_meter, make_strategy
 from selfspec.decoding.text_rules import text_rules
 from selfspec.models.layouts import num_layers
@@ -43,8 +44,9 @@ def main(overrides: list[str]) -> None:
     print(f"{loaded.name}: {len(prompts)} prompts, {settings.sampling.max_new_tokens} new tokens, {WORDS} banned words")
     print("| strategy | tokens/s, no banned words | tokens/s, 100 banned words | ratio |\n|---|---|---|---|")
     for name in settings.strategies:
-        pair = [make_strategy(name, loaded.model, settings.sampling, loaded.end_ids, skip, settings.draft,
-                              costs=costs, rules=with_rules) for with_rules in (None, rules)]
+        pair = [make_strategy(name, loaded.model,
+                              GenerationOptions(settings.sampling, end_ids=loaded.end_ids, rules=with_rules),
+                              skip=skip, draft=settings.draft, costs=costs) for with_rules in (None, rules)]
         for strategy in pair:
             strategy.generate(prompts[0][:32])  # warm-up
         tokens, seconds = [0, 0], [0.0, 0.0]

@@ -21,6 +21,7 @@ from hydra import compose, initialize_config_dir
 
 from selfspec.data.prompt_sets import encode_prompt, load_prompt_set
 from selfspec.decoding.batch import generate_batch
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.results import GenerationResult
 from selfspec.decoding.strategies import Strategy, cost_meter, make_strategy
 from selfspec.evaluation.task import DraftHeads
@@ -41,8 +42,7 @@ def decode(strategy: Strategy, prompts: list[list[int]], batch_size: int,
         return [strategy.generate(ids) for ids in prompts]
     if fixed:
         return [r for first in range(0, len(prompts), batch_size)
-                for r in generate_batch(strategy.model, prompts[first:first + batch_size], strategy.settings,
-                                        end_ids=strategy.end_ids)]
+                for r in generate_batch(strategy.model, prompts[first:first + batch_size], strategy.options)]
     return strategy.generate_batch(prompts, batch_size=batch_size)
 
 
@@ -59,14 +59,16 @@ def main(overrides: list[str]) -> None:
     skip, _ = resolve_skip(settings.skip, num_layers(loaded.model))
     costs = cost_meter(loaded.model, settings.draft)
     draft_head = DraftHeads(loaded)(settings.draft.vocab_size)  # the model's draft vocabulary, as run.py drafts
-    strategies = {name: make_strategy(name, loaded.model, settings.sampling, loaded.end_ids, skip, settings.draft,
-                                      draft_head=draft_head, costs=costs)
+    strategies = {name: make_strategy(name, loaded.model,
+                                      GenerationOptions(settings.sampling, end_ids=loaded.end_ids),
+                                      skip=skip, draft=settings.draft, draft_head=draft_head, costs=costs)
                   for name in dict.fromkeys(["plain", *settings.strategies])}
     prompts = [encode_prompt(loaded.tokenizer, p) for p in load_prompt_set(settings.data)]
     warm_up = [ids[:32] for ids in prompts[:max(BATCH_SIZES)]]
     for strategy in strategies.values():  # allocator, kernels, and each batch size's measured verify costs
         for batch_size in BATCH_SIZES:
-            decode(replace(strategy, settings=replace(strategy.settings, max_new_tokens=8)), warm_up, batch_size)
+            short = replace(strategy.options, sampling=replace(strategy.options.sampling, max_new_tokens=8))
+            decode(replace(strategy, options=short), warm_up, batch_size)
     print(f"{loaded.name}: {len(prompts)} prompts, {settings.sampling.max_new_tokens} new tokens, "
           f"{settings.repeats} repeat(s)", flush=True)
     expected = None

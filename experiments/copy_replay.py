@@ -28,6 +28,7 @@ from selfspec.data.formats import Prompt
 from selfspec.data.prompt_sets import encode_prompt, load_prompt_set
 from selfspec.decoding.costs import CostMeter
 from selfspec.decoding.drafters import Draft, GenerationContext
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.strategies import make_strategy
 from selfspec.decoding.tree import tree_paths
 from selfspec.models.attention_masks import chain
@@ -94,8 +95,9 @@ def main(records: Path, overrides: list[str]) -> None:
     print(f"{len(plain)} prompts; per copier and category: modelled speedup (tokens per verification)\n")
     print("| variant | copier | " + " | ".join(categories) + " |\n|---|---|" + "---|" * len(categories))
     for variant, setting in zip(variants, settings):
-        copiers = {name: make_strategy(name, loaded.model, setting.sampling, loaded.end_ids, skip, setting.draft,
-                                       costs=meter).drafter for name in ("prompt_lookup_tree", "self_spec_hybrid")}
+        copiers = {name: make_strategy(name, loaded.model,
+                                       GenerationOptions(setting.sampling, end_ids=loaded.end_ids), skip=skip,
+                                       draft=setting.draft, costs=meter).drafter for name in ("prompt_lookup_tree", "self_spec_hybrid")}
         copiers["self_spec_hybrid"] = copiers["self_spec_hybrid"].ngram  # its copies alone
         for name, drafter in copiers.items():
             totals = collections.defaultdict(lambda: [0, 0, 0.0])  # category: emitted, verifications, verify ms

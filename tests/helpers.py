@@ -17,9 +17,10 @@ from selfspec import SelfSpeculativeDecoder
 from selfspec.decoding.draft_exit import CostAwareExit, DraftExit
 from selfspec.decoding.drafters.feature_head import HeadDrafter, HeadFeatures
 from selfspec.decoding.drafters.layer_skip_tree import StoreTreeDrafter
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.sampling import logits_processor, scores
-from selfspec.decoding.speculative import generate, settled
-from selfspec.decoding.verify import Emitted
+from selfspec.decoding.results import Emitted
+from selfspec.decoding.speculative import Generation, generate, settled, verify_forward
 from selfspec.decoding.text_rules import OutputWatch
 from selfspec.models.tiny import byte_tokenizer
 from selfspec.models.cache import forward, new_cache
@@ -85,10 +86,22 @@ def lossless_acceptance(model, drafter, prompts: list[list[int]], settings, end_
     """`drafter`'s acceptance rate over `prompts`, asserting that every output equals plain decoding's (`plain`)."""
     drafted = accepted = 0
     for ids, expected in zip(prompts, plain, strict=True):
-        result = generate(model, ids, settings, drafter, end_ids=end_ids)
+        result = generate(model, ids, GenerationOptions(settings, end_ids=end_ids), drafter)
         assert result.new_tokens == expected
         drafted, accepted = drafted + result.drafted, accepted + result.accepted
     return accepted / drafted
+
+
+def decode_checking_cache(model, prompt: list[int], options: GenerationOptions, drafter) -> list[int]:
+    """Decode as decode_steps does, asserting after every step that the cache holds exactly the tokens fed so far
+    (all but the last emitted one, which the next step feeds); returns the new tokens."""
+    generation = Generation(model, prompt, options, drafter)
+    generation.start()
+    while not generation.finished:
+        proposal = generation.propose()
+        generation.conclude(proposal, verify_forward(model, generation.context.cache, proposal))
+        assert_cache_holds(model, generation.context.cache, generation.tokens[:-1])
+    return generation.tokens[len(prompt):]
 
 
 def assert_cache_holds(model, cache, kept: list[int]) -> None:

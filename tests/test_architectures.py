@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM
 from selfspec.decoding.costs import sublayer_ms
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.drafters.layer_skip import SelfDrafter
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import generate
 from selfspec.decoding.strategies import REGISTRY, make_strategy
 from selfspec.errors import SelfspecError
@@ -117,10 +118,10 @@ def test_a_skipped_sublayer_contributes_nothing_in_other_block_variants(family, 
 
 
 def test_greedy_decoding_equals_plain_and_hf_generate_past_the_window(model):
-    plain = generate(model, PROMPT, GREEDY).new_tokens
+    plain = generate(model, PROMPT, GenerationOptions(GREEDY)).new_tokens
     assert plain == hf_greedy(model, PROMPT, GREEDY.max_new_tokens)
     for name in ("self_spec_fixed", "self_spec_tree", "prompt_lookup_tree"):
-        result = make_strategy(name, model, GREEDY, (), SKIP, DRAFT).generate(PROMPT)
+        result = make_strategy(name, model, GenerationOptions(GREEDY), skip=SKIP, draft=DRAFT).generate(PROMPT)
         assert result.new_tokens == plain and result.drafted > 0, name
 
 
@@ -158,14 +159,14 @@ def test_hf_assisted_generation_baselines_are_refused_in_one_line_where_transfor
     for name in ("hf_early_exit", "hf_assistant"):
         with pytest.raises(SelfspecError, match=f"^strategy {name} \\(transformers' assisted generation\\) fails on "
                                                 f"{LAYOUTS[family].family} models") as err:
-            make_strategy(name, model, GREEDY, (), SKIP, DRAFT, draft_model=model)
+            make_strategy(name, model, GenerationOptions(GREEDY), skip=SKIP, draft=DRAFT, draft_model=model)
         assert "\n" not in str(err.value)
 
 
 def test_a_falcon_with_alibi_positions_is_refused_in_one_line():
     with pytest.raises(SelfspecError, match=r"^model FalconForCausalLM: Falcon with ALiBi positions \(alibi=true: "
                                             r"Falcon-RW\) is not supported; supported: Llama") as err:
-        generate(variant("falcon", alibi=True), PROMPT, GREEDY)
+        generate(variant("falcon", alibi=True), PROMPT, GenerationOptions(GREEDY))
     assert "\n" not in str(err.value)
 
 
@@ -174,8 +175,8 @@ def test_every_strategy_keeps_greedy_output(model, tokenizer, tmp_path):
     """Every registered strategy but HF's own decodes as plain decoding; the trained-part strategies with an
     untrained adapter and head where the layout allows them, else they are refused in one line; the token store
     (every layout: it has no layer) holds the model's own output for another prompt."""
-    plain = generate(model, PROMPT, GREEDY).new_tokens
-    save_token_store(tmp_path / "store.pt", [generate(model, PROMPT[1:], GREEDY).new_tokens], model)
+    plain = generate(model, PROMPT, GenerationOptions(GREEDY)).new_tokens
+    save_token_store(tmp_path / "store.pt", [generate(model, PROMPT[1:], GenerationOptions(GREEDY)).new_tokens], model)
     draft = replace(DRAFT, store=str(tmp_path / "store.pt"))
     inputs = dict(skip=SKIP, draft=draft, costs=None, draft_model=tiny_model("llama", num_layers=2, seed=1),
                   searched=(make_skip_set([3], [1], LAYERS), make_draft_head(model, tokenizer, 64, ["def f(x): x"])))
@@ -188,9 +189,9 @@ def test_every_strategy_keeps_greedy_output(model, tokenizer, tmp_path):
     for name in (spec.name for spec in REGISTRY.values() if not spec.hf_baseline):
         if name in TRAINED_PART_STRATEGIES and not trained:
             with pytest.raises(SelfspecError):
-                make_strategy(name, model, GREEDY, (), **inputs)
+                make_strategy(name, model, GenerationOptions(GREEDY), **inputs)
             continue
-        result = make_strategy(name, model, GREEDY, (), **inputs).generate(PROMPT)
+        result = make_strategy(name, model, GenerationOptions(GREEDY), **inputs).generate(PROMPT)
         assert result.new_tokens == plain, name
 
 
@@ -207,7 +208,7 @@ def test_speculative_sampling_keeps_the_full_models_distribution(family):
     generator = torch.Generator().manual_seed(0)
     counts, drafted, accepted = {}, 0, 0
     for _ in range(2000):
-        result = generate(model, prompt, settings, drafter, generator=generator)
+        result = generate(model, prompt, GenerationOptions(settings, generator=generator), drafter)
         key = tuple(result.new_tokens[1:3])
         counts[key] = counts.get(key, 0) + 1
         drafted, accepted = drafted + result.drafted, accepted + result.accepted

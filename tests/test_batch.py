@@ -13,6 +13,7 @@ from selfspec.decoding.costs import CostMeter, batch_row_prices, nondecreasing
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.drafters import HybridDrafter, NgramDrafter, SelfDrafter
 from selfspec.decoding.drafters import base as drafters_base
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import generate
 from selfspec.decoding.strategies import make_strategy
 from selfspec.errors import SelfspecError
@@ -106,14 +107,14 @@ def test_a_rows_output_does_not_depend_on_its_neighbours(tiny, neighbours):
     """The same prompt beside no, one or three neighbours of other lengths, each drafting its own way, and rows
     that end (an end id) before the others: it decodes what it decodes alone."""
     prompt = PROMPTS[0]
-    end_ids = (generate(tiny, PROMPTS[1], GREEDY).new_tokens[4],)  # the second neighbour leaves after 5 tokens
+    end_ids = (generate(tiny, PROMPTS[1], GenerationOptions(GREEDY)).new_tokens[4],)  # the second neighbour leaves after 5 tokens
     prompts = [*neighbours[:1], prompt, *neighbours[1:]]
     drafters = [SelfDrafter(tiny, make_skip_set([1], [2], 6), DraftExit(3)),
                 HybridDrafter(NgramDrafter(tiny, 2, 5), SelfDrafter(tiny, make_skip_set([3], [], 6), DraftExit(2))),
                 None, NgramDrafter(tiny, 1, 4)][:len(prompts)]
-    results = generate_batch(tiny, prompts, GREEDY, drafters, end_ids)
+    results = generate_batch(tiny, prompts, GenerationOptions(GREEDY, end_ids=end_ids), drafters=drafters)
     for ids, result in zip(prompts, results):
-        assert result.new_tokens == generate(tiny, ids, GREEDY, end_ids=end_ids).new_tokens
+        assert result.new_tokens == generate(tiny, ids, GenerationOptions(GREEDY, end_ids=end_ids)).new_tokens
         assert len(result.new_tokens) <= 5 or ids != PROMPTS[1]
 
 
@@ -122,12 +123,12 @@ def test_generations_join_and_leave_between_steps(tiny):
     the others decode as alone."""
     settings = replace(GREEDY, max_new_tokens=12)
     batch = DecodingBatch(tiny, 3, 64)
-    first = batch.add(PROMPTS[0], settings, SelfDrafter(tiny, make_skip_set([1], [], 6), DraftExit(3)))
-    second = batch.add(PROMPTS[1], settings)
+    first = batch.add(PROMPTS[0], GenerationOptions(settings), SelfDrafter(tiny, make_skip_set([1], [], 6), DraftExit(3)))
+    second = batch.add(PROMPTS[1], GenerationOptions(settings))
     outputs = {id(first): [], id(second): []}
     for step in range(6):
         if step == 2:
-            late = batch.add(PROMPTS[2], settings, NgramDrafter(tiny, 1, 4))
+            late = batch.add(PROMPTS[2], GenerationOptions(settings), NgramDrafter(tiny, 1, 4))
             outputs[id(late)] = []
         if step == 3:
             batch.remove(first)  # its client went away: its slot goes to the last row
@@ -136,19 +137,19 @@ def test_generations_join_and_leave_between_steps(tiny):
     while batch.rows:
         for generation, emitted in batch.step():
             emitted.onto(outputs[id(generation)])
-    assert outputs[id(second)] == generate(tiny, PROMPTS[1], settings).new_tokens
-    assert outputs[id(late)] == generate(tiny, PROMPTS[2], settings).new_tokens
-    assert outputs[id(first)] == generate(tiny, PROMPTS[0], settings).new_tokens[:len(outputs[id(first)])]
+    assert outputs[id(second)] == generate(tiny, PROMPTS[1], GenerationOptions(settings)).new_tokens
+    assert outputs[id(late)] == generate(tiny, PROMPTS[2], GenerationOptions(settings)).new_tokens
+    assert outputs[id(first)] == generate(tiny, PROMPTS[0], GenerationOptions(settings)).new_tokens[:len(outputs[id(first)])]
 
 
 def test_fewer_rows_than_prompts_refill_as_rows_end(tiny):
     """Five prompts through two rows: a prompt waits until a row ends (one ends early at an end id) and takes its
     drafter; each decodes what it decodes alone, and its neighbours are the prompts in the batch while it was."""
     prompts = [PROMPTS[1], PROMPTS[0], PROMPTS[2], PROMPTS[3], PROMPTS[0][::-1]]
-    end_ids = (generate(tiny, PROMPTS[0], GREEDY).new_tokens[3],)  # the second prompt ends after 4 tokens
+    end_ids = (generate(tiny, PROMPTS[0], GenerationOptions(GREEDY)).new_tokens[3],)  # the second prompt ends after 4 tokens
     drafters = [SelfDrafter(tiny, make_skip_set([1], [2], 6), DraftExit(3)), NgramDrafter(tiny, 1, 4)]
-    results = generate_batch(tiny, prompts, GREEDY, drafters, end_ids, rows=2)
-    alone = [generate(tiny, ids, GREEDY, end_ids=end_ids).new_tokens for ids in prompts]
+    results = generate_batch(tiny, prompts, GenerationOptions(GREEDY, end_ids=end_ids), drafters=drafters, rows=2)
+    alone = [generate(tiny, ids, GenerationOptions(GREEDY, end_ids=end_ids)).new_tokens for ids in prompts]
     assert [r.new_tokens for r in results] == alone
     assert len(results[1].new_tokens) == 4 and len(results[0].new_tokens) > 4
     assert results[0].batch_neighbours[:2] == [1, 2]  # the third prompt joined when the second ended
@@ -156,7 +157,7 @@ def test_fewer_rows_than_prompts_refill_as_rows_end(tiny):
     for i, result in enumerate(results):
         assert result.batch_neighbours and all(i in results[j].batch_neighbours for j in result.batch_neighbours)
     with pytest.raises(SelfspecError, match="3 drafters for a batch of 2 rows"):
-        generate_batch(tiny, prompts, GREEDY, drafters + [None], rows=2)
+        generate_batch(tiny, prompts, GenerationOptions(GREEDY), drafters=drafters + [None], rows=2)
 
 
 def test_sampled_rows_keep_the_full_models_distribution_in_a_mixed_batch():
@@ -173,7 +174,8 @@ def test_sampled_rows_keep_the_full_models_distribution_in_a_mixed_batch():
     generators = [torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)]
     counts, drafted, accepted = [{}, {}], 0, 0
     for _ in range(2000):
-        for row, result in enumerate(generate_batch(model, prompts, settings, drafters, (), generators)):
+        for row, result in enumerate(generate_batch(model, prompts, GenerationOptions(settings), drafters=drafters,
+                                                    generators=generators)):
             key = tuple(result.new_tokens[1:3])
             counts[row][key] = counts[row].get(key, 0) + 1
             drafted, accepted = drafted + result.drafted, accepted + result.accepted
@@ -195,8 +197,9 @@ def test_a_batch_row_measures_its_share_of_the_batch_verify(tiny):
 
 
 def test_a_batch_rows_cost_aware_policies_know_the_batchs_rows(tiny):
-    strategy = make_strategy("self_spec_hybrid", tiny, default_settings().sampling, (), make_skip_set([1], [], 6),
-                             replace(DEFAULT_DRAFT, policy="cost", hybrid_policy="cost"),
+    strategy = make_strategy("self_spec_hybrid", tiny, GenerationOptions(default_settings().sampling),
+                             skip=make_skip_set([1], [], 6),
+                             draft=replace(DEFAULT_DRAFT, policy="cost", hybrid_policy="cost"),
                              costs=CostMeter(tiny, 3, repeats=1))
     assert strategy.drafter.fallback.exit_policy.rows == 1
     for drafter in strategy.drafters(4):
@@ -226,17 +229,17 @@ def test_the_cache_grows_with_the_batch_and_no_more(tiny):
 
 def test_bad_batches_end_in_one_line(tiny):
     with pytest.raises(SelfspecError, match="empty batch"):
-        generate_batch(tiny, [], GREEDY)
+        generate_batch(tiny, [], GenerationOptions(GREEDY))
     with pytest.raises(SelfspecError, match="empty prompt"):
-        generate_batch(tiny, [[5, 6], []], GREEDY)
+        generate_batch(tiny, [[5, 6], []], GenerationOptions(GREEDY))
     with pytest.raises(SelfspecError, match="at least one generation"):
         DecodingBatch(tiny, 0, 16)
     batch = DecodingBatch(tiny, 1, 64)
-    batch.add([5, 6], GREEDY)
+    batch.add([5, 6], GenerationOptions(GREEDY))
     with pytest.raises(SelfspecError, match="batch is full"):
-        batch.add([5, 6], GREEDY)
+        batch.add([5, 6], GenerationOptions(GREEDY))
     with pytest.raises(SelfspecError, match="need 34 cache positions; the batch holds 16"):
-        DecodingBatch(tiny, 1, 16).add([5, 6, 7], GREEDY)
+        DecodingBatch(tiny, 1, 16).add([5, 6, 7], GenerationOptions(GREEDY))
 
 
 def test_rows_drafting_with_one_skip_set_run_their_draft_forwards_together(tiny):
@@ -246,7 +249,7 @@ def test_rows_drafting_with_one_skip_set_run_their_draft_forwards_together(tiny)
     batch = DecodingBatch(tiny, 3, 64)
     prompts = PROMPTS[:3]
     for prompt in prompts:
-        batch.add(prompt, settings, SelfDrafter(tiny, make_skip_set([1], [2], 6), DraftExit(3)))
+        batch.add(prompt, GenerationOptions(settings), SelfDrafter(tiny, make_skip_set([1], [2], 6), DraftExit(3)))
     forwards = []
     hook = tiny.model.register_forward_hook(lambda *args: forwards.append(1))
     try:
@@ -264,12 +267,12 @@ def test_a_joining_rows_prefill_runs_in_the_steps_one_forward(tiny):
     the third's prefill, and emits a token for each of the three; every row decodes as it would alone."""
     settings = replace(GREEDY, max_new_tokens=8)
     batch = DecodingBatch(tiny, 3, 64)
-    rows = [batch.add(prompt, settings) for prompt in PROMPTS[:2]]
+    rows = [batch.add(prompt, GenerationOptions(settings)) for prompt in PROMPTS[:2]]
     outputs = {id(row): [] for row in rows}
     for _ in range(3):
         for generation, emitted in batch.step():
             emitted.onto(outputs[id(generation)])
-    late = batch.add(PROMPTS[3], settings)
+    late = batch.add(PROMPTS[3], GenerationOptions(settings))
     outputs[id(late)] = []
     forwards = []
     hook = tiny.model.register_forward_hook(lambda *args: forwards.append(1))
@@ -286,7 +289,7 @@ def test_a_joining_rows_prefill_runs_in_the_steps_one_forward(tiny):
         for generation, e in batch.step():
             e.onto(outputs[id(generation)])
     for generation, prompt in zip([*rows, late], [*PROMPTS[:2], PROMPTS[3]]):
-        assert outputs[id(generation)] == generate(tiny, prompt, settings).new_tokens
+        assert outputs[id(generation)] == generate(tiny, prompt, GenerationOptions(settings)).new_tokens
 
 
 def test_a_row_pays_for_its_draft_forwards_split_among_the_rows_that_ran_them(tiny, monkeypatch):
@@ -308,7 +311,7 @@ def test_a_row_pays_for_its_draft_forwards_split_among_the_rows_that_ran_them(ti
     batch = DecodingBatch(tiny, 2, 64)
     skip = make_skip_set([1], [2], 6)
     for row, (prompt, max_tokens) in enumerate(zip(PROMPTS[:2], (3, 1))):
-        batch.add(prompt, replace(GREEDY, max_new_tokens=10), SelfDrafter(tiny, skip, Recording(row, max_tokens)))
+        batch.add(prompt, GenerationOptions(replace(GREEDY, max_new_tokens=10)), SelfDrafter(tiny, skip, Recording(row, max_tokens)))
     batch.step()  # the prefills
     batch.step()
     assert observed[0] == [pytest.approx(3000 / 3 * (0.5 + 1 + 1) / 3)] and observed[1] == [pytest.approx(500)]

@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import DynamicCache
 
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import generate
 from selfspec.decoding.strategies import make_strategy
 from selfspec.models.attention_masks import MODEL_WINDOWS, mask_windows, model_attention_masks
@@ -100,10 +101,10 @@ def test_a_models_masks_follow_its_layer_types_read_once(family, windows):
 def test_drafting_strategies_equal_plain_and_hf_generate_past_the_window(model, tokenizer, name):
     prompt = tokenizer("def fib(n):\n    return fib(n - 1) + fib(n - 2)\n\ndef fib").input_ids  # repeats to copy
     settings = replace(default_settings().sampling, max_new_tokens=40)
-    plain = generate(model, prompt, settings).new_tokens
+    plain = generate(model, prompt, GenerationOptions(settings)).new_tokens
     assert plain == hf_greedy(model, prompt, 40)
     draft = run_settings("draft.hybrid_policy=fixed").draft  # drafts whatever this machine's costs (a loaded CI box)
-    strategy = make_strategy(name, model, settings, (), SkipSet((1,), (2,)), draft)
+    strategy = make_strategy(name, model, GenerationOptions(settings), skip=SkipSet((1,), (2,)), draft=draft)
     result = strategy.generate(prompt)
     assert result.new_tokens == plain
     assert sum(s.accepted for s in result.steps) > 0  # drafts were kept, and rejected ones rewound

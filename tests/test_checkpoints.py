@@ -15,6 +15,7 @@ import torch
 from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 from transformers import GPTJConfig, GPTJForCausalLM
 
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
 from selfspec.models import checkpoints
@@ -51,7 +52,7 @@ def test_a_checkpoint_folder_of_a_registered_architecture_loads_and_decodes(fami
     loaded = load_model(cfg("hub", path=str(folder)))
     prompt = loaded.tokenizer("def f(x):").input_ids
     assert loaded.model.config.model_type == family
-    assert generate(loaded.model, prompt, GREEDY).new_tokens == hf_greedy(loaded.model, prompt, 8)
+    assert generate(loaded.model, prompt, GenerationOptions(GREEDY)).new_tokens == hf_greedy(loaded.model, prompt, 8)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
@@ -96,7 +97,7 @@ def test_a_gguf_file_is_converted_once_and_decodes_as_transformers_reads_it(tmp_
     assert cached.name.startswith("gguf-tiny-llama-") and (cached / "config.json").is_file()
     prompt = loaded.tokenizer("hello world").input_ids
     assert loaded.tokenizer.decode(prompt) == "hello world"
-    plain = generate(loaded.model, prompt, GREEDY).new_tokens
+    plain = generate(loaded.model, prompt, GenerationOptions(GREEDY)).new_tokens
     assert plain == hf_greedy(again.model, prompt, 8)
     for a, b in zip(loaded.model.parameters(), again.model.parameters()):
         assert torch.equal(a, b)

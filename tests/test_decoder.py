@@ -167,3 +167,29 @@ def test_the_readme_cell_runs_on_a_saved_tiny_model_and_streams_the_plain_greedy
     plain = SelfSpeculativeDecoder(saved, tokenizer, strategy="plain")
     reply = plain.generate([{"role": "user", "content": "Write a haiku."}], max_new_tokens=32)
     assert printed and printed == reply.text
+
+
+def test_from_pretrained_loads_an_embedded_config_with_its_skip_set_and_decodes_losslessly():
+    decoder = SelfSpeculativeDecoder.from_pretrained("tiny_llama")
+    settings = run_settings("model=tiny_llama")
+    plain = SelfSpeculativeDecoder(decoder.model, decoder.tokenizer, strategy="plain")
+    assert decoder.name == "self_spec_tree"
+    skip = decoder.strategy(DEFAULT_SAMPLING).drafter.fallback.skip  # the layer-skip draft of the tree
+    assert (list(skip.attn), list(skip.mlp)) == (list(settings.skip.attn), list(settings.skip.mlp))
+    assert decoder.generate(TEXT, max_new_tokens=16).token_ids == plain.generate(TEXT, max_new_tokens=16).token_ids
+
+
+def test_an_unknown_request_option_is_one_line_naming_it(model, tokenizer):
+    decoder = SelfSpeculativeDecoder(model, tokenizer, strategy="plain")
+    with pytest.raises(SelfspecError, match=r"^max_tokens is not an option of generate; allowed: max_new_tokens, "):
+        decoder.generate("hi", max_tokens=4)
+
+
+@pytest.mark.slow  # loads the embedded SmolLM2 and decodes 64 tokens
+def test_the_readme_quickstart_runs_on_the_embedded_model(capsys):
+    readme = ROOT.joinpath("README.md").read_text()
+    quickstart = re.search(r"```python\n(.*?)```", readme, re.S).group(1)
+    assert len(quickstart.strip().splitlines()) <= 6 and "from_pretrained(" in quickstart
+    exec(quickstart, {})
+    text, rate = capsys.readouterr().out.rsplit(" ", 1)
+    assert text.strip() and 0.0 <= float(rate) <= 1.0

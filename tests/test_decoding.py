@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import (assert_cache_holds, chi_square_pvalue, exact_pair_distribution, hf_greedy, pinned,
+from helpers import (chi_square_pvalue, decode_checking_cache, exact_pair_distribution, hf_greedy, pinned,
                      run_settings)
 
 from selfspec.data.prompt_sets import calibration_texts
@@ -15,7 +15,8 @@ from selfspec.decoding.draft_exit import AdaptiveExit, CostAwareExit, DraftExit,
 from selfspec.decoding.drafters import (GenerationContext, HybridDrafter, ModelDrafter, NgramDrafter, NgramTreeDrafter,
                                         SelfDrafter, ngram_continuation)
 from selfspec.decoding.drafters import layer_skip
-from selfspec.decoding.speculative import generate, prefill, speculative_step
+from selfspec.decoding.options import GenerationOptions
+from selfspec.decoding.speculative import generate
 from selfspec.decoding.strategies import make_strategy
 from selfspec.errors import SelfspecError
 from selfspec.models.cache import forward, new_cache
@@ -46,69 +47,63 @@ def random_cost_aware(rng, max_tokens=None):
 
 
 def test_plain_greedy_equals_hf_generate_past_the_sliding_window(tiny, prompt):
-    plain = generate(tiny, prompt, GREEDY)
+    plain = generate(tiny, prompt, GenerationOptions(GREEDY))
     assert len(plain.new_tokens) == 60  # > prompt + sliding window of 16 for gemma2
     assert plain.new_tokens == hf_greedy(tiny, prompt, 60)
     assert plain.acceptance_rate is None and plain.mean_accepted_tokens == 1.0
 
 
 def test_self_speculative_greedy_equals_plain_for_random_skip_sets(tiny, prompt):
-    plain = generate(tiny, prompt, GREEDY).new_tokens
+    plain = generate(tiny, prompt, GenerationOptions(GREEDY)).new_tokens
     rng = random.Random(0)
     for _ in range(12):
         skip, policy = random_setup(rng)
-        result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip, policy))
+        result = generate(tiny, prompt, GenerationOptions(GREEDY), SelfDrafter(tiny, skip, policy))
         assert result.new_tokens == plain, (skip, policy)
         assert sum(s.emitted for s in result.steps) == 59  # the prefill emits the first token
 
 
 def test_greedy_equality_with_repetition_penalty(tiny, prompt):
     settings = replace(SAMPLING, max_new_tokens=40, repetition_penalty=1.3)
-    plain = generate(tiny, prompt, settings).new_tokens
+    plain = generate(tiny, prompt, GenerationOptions(settings)).new_tokens
     out = tiny.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                         max_new_tokens=40, do_sample=False, repetition_penalty=1.3, eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
     assert plain == out
     for skip in ([1], [4]):
-        result = generate(tiny, prompt, settings, SelfDrafter(tiny, make_skip_set(skip, skip, 6), DraftExit(5)))
+        result = generate(tiny, prompt, GenerationOptions(settings),
+                          SelfDrafter(tiny, make_skip_set(skip, skip, 6), DraftExit(5)))
         assert result.new_tokens == plain
 
 
 def test_eos_inside_a_draft_and_length_reached_mid_draft(tiny, prompt):
-    plain = generate(tiny, prompt, GREEDY).new_tokens
+    plain = generate(tiny, prompt, GenerationOptions(GREEDY)).new_tokens
     eos = plain[25]  # some token the model emits: generation must stop at its first occurrence
     expected = plain[: plain.index(eos) + 1]
     perfect = ModelDrafter(tiny, DraftExit(8))  # drafts with the full model: every draft accepted, EOS inside a draft
     for drafter in (perfect, SelfDrafter(tiny, make_skip_set([2], [3], 6), DraftExit(8))):
-        result = generate(tiny, prompt, GREEDY, drafter, end_ids=(eos,))
+        result = generate(tiny, prompt, GenerationOptions(GREEDY, end_ids=(eos,)), drafter)
         assert result.new_tokens == expected
         assert hf_greedy(tiny, prompt, 60, eos=eos) == expected
     for n in (1, 2, 13, 17):  # 8-token drafts would overshoot these lengths
         short = replace(SAMPLING, max_new_tokens=n)
-        result = generate(tiny, prompt, short, perfect)
+        result = generate(tiny, prompt, GenerationOptions(short), perfect)
         assert result.new_tokens == plain[:n]
         assert max(s.drafted for s in result.steps or [DraftExit()]) <= 8 if result.steps else n == 1
 
 
 def test_two_model_speculative_greedy_equals_plain(tiny, prompt):
-    plain = generate(tiny, prompt, GREEDY).new_tokens
+    plain = generate(tiny, prompt, GenerationOptions(GREEDY)).new_tokens
     family = "gemma2" if tiny.config.model_type == "gemma2" else "llama"
     small = tiny_model(family, num_layers=2, seed=1).double()
     for policy in (DraftExit(3), ThresholdExit(6, 0.3), AdaptiveExit(6, 0.8, **ADAPTIVE)):
-        assert generate(tiny, prompt, GREEDY, ModelDrafter(small, policy)).new_tokens == plain
-    assert generate(tiny, prompt, GREEDY, ModelDrafter(tiny, DraftExit(4))).acceptance_rate == 1.0
+        assert generate(tiny, prompt, GenerationOptions(GREEDY), ModelDrafter(small, policy)).new_tokens == plain
+    assert generate(tiny, prompt, GenerationOptions(GREEDY), ModelDrafter(tiny, DraftExit(4))).acceptance_rate == 1.0
 
 
 def test_cache_holds_exactly_the_kept_tokens_after_every_step(tiny, prompt):
-    settings = replace(SAMPLING, max_new_tokens=40)
-    cache = new_cache(tiny, 100)
-    context = GenerationContext(cache, settings)
+    options = GenerationOptions(replace(SAMPLING, max_new_tokens=40))
     drafter = SelfDrafter(tiny, make_skip_set([1, 3], [2], 6), DraftExit(5))
-    drafter.begin(context)
-    tokens = prompt + prefill(tiny, context, prompt)[0].tokens
-    while len(tokens) - len(prompt) < 40:
-        new = speculative_step(tiny, context, tokens, 40 - (len(tokens) - len(prompt)), drafter).tokens
-        tokens += new
-        assert_cache_holds(tiny, cache, tokens[:-1])  # the last token is fed by the next step
+    assert decode_checking_cache(tiny, prompt, options, drafter) == generate(tiny, prompt, options).new_tokens
 
 
 def test_forward_logits_equal_the_models_own_head(tiny, prompt):
@@ -128,7 +123,7 @@ def test_ngram_continuation_copies_after_the_latest_longest_match():
 
 def test_hybrid_and_prompt_lookup_greedy_equal_plain(tiny, tokenizer):
     prompt = tokenizer("def fib(n):\n    return fib(n - 1) + fib(n - 2)\n\ndef fib").input_ids  # repeats to copy
-    plain = generate(tiny, prompt, GREEDY).new_tokens
+    plain = generate(tiny, prompt, GenerationOptions(GREEDY)).new_tokens
     rng = random.Random(1)
     for _ in range(4):
         skip, policy = random_setup(rng)
@@ -136,7 +131,7 @@ def test_hybrid_and_prompt_lookup_greedy_equal_plain(tiny, tokenizer):
         costly = NgramDrafter(tiny, rng.randint(1, 3), 8, random_cost_aware(rng, 8))
         for drafter in (ngram, HybridDrafter(ngram, SelfDrafter(tiny, skip, policy)),
                         HybridDrafter(costly, SelfDrafter(tiny, skip, random_cost_aware(rng)))):
-            result = generate(tiny, prompt, GREEDY, drafter)
+            result = generate(tiny, prompt, GenerationOptions(GREEDY), drafter)
             assert result.new_tokens == plain, (skip, policy, drafter)
             assert "ngram" in {s.source for s in result.steps}
 
@@ -149,8 +144,8 @@ def test_cost_aware_hybrid_copies_past_the_model_drafts_length(tiny, tokenizer):
     copier = NgramDrafter(tiny, 2, 10, pinned(CostAwareExit(10, costs=DraftCosts(flat, 0.0))))
     drafter = HybridDrafter(copier, SelfDrafter(tiny, make_skip_set([1], [2], 6),
                                                 pinned(CostAwareExit(4, costs=DraftCosts(flat, 1.0)))))
-    result = generate(tiny, prompt, GREEDY, drafter)
-    assert result.new_tokens == generate(tiny, prompt, GREEDY).new_tokens
+    result = generate(tiny, prompt, GenerationOptions(GREEDY), drafter)
+    assert result.new_tokens == generate(tiny, prompt, GenerationOptions(GREEDY)).new_tokens
     assert max(s.drafted for s in result.steps if s.source == "ngram") > 4
     assert max(s.drafted for s in result.steps if s.source == "model") <= 4
 
@@ -183,7 +178,8 @@ def test_the_loop_tells_the_drafter_what_each_verify_took(tiny, prompt):
         def observe_verify_ms(self, tokens, ms):
             observed.append((tokens, ms))
 
-    result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, make_skip_set([1], [2], 6), Recording(3)))
+    result = generate(tiny, prompt, GenerationOptions(GREEDY),
+                      SelfDrafter(tiny, make_skip_set([1], [2], 6), Recording(3)))
     assert observed == [(step.drafted + 1, pytest.approx(1000 * step.verify_s)) for step in result.steps]
     assert max(tokens for tokens, _ in observed) == 4
 
@@ -191,24 +187,25 @@ def test_the_loop_tells_the_drafter_what_each_verify_took(tiny, prompt):
 def test_a_cost_aware_drafter_that_does_not_pay_drafts_only_on_probes(tiny, prompt):
     """Wide verifies three times a plain step's cost: drafting would pay only at acceptances near 1, so the policy
     drafts on its probes alone; and a draft token dearer than 10 plain steps is never even probed."""
-    plain = generate(tiny, prompt, GREEDY)
+    plain = generate(tiny, prompt, GenerationOptions(GREEDY))
     skip = make_skip_set([1], [2], 6)
     dear_verify = pinned(CostAwareExit(4, costs=DraftCosts((10.0, 30.0, 30.0, 30.0, 30.0), draft_ms=0.5)))
-    result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip, dear_verify))
+    result = generate(tiny, prompt, GenerationOptions(GREEDY), SelfDrafter(tiny, skip, dear_verify))
     assert result.new_tokens == plain.new_tokens
     assert [i for i, step in enumerate(result.steps) if step.drafted] == [3, 11, 27]
     dear_draft = pinned(CostAwareExit(4, costs=DraftCosts((10.0, 12.0, 14.0, 16.0, 18.0), draft_ms=100.0)))
-    result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip, dear_draft))
+    result = generate(tiny, prompt, GenerationOptions(GREEDY), SelfDrafter(tiny, skip, dear_draft))
     assert result.new_tokens == plain.new_tokens and not any(step.drafted for step in result.steps)
 
 
 def test_a_layer_skip_drafter_swaps_its_sublayers_only_for_steps_that_draft(tiny, prompt, monkeypatch):
-    """Entering a skip set swaps modules (about 0.1 ms a step on SmolLM2, most of an idle step's own work): a step
-    whose policy plans no draft leaves the layers alone."""
+    """Entering a skip set swaps modules, work an idle step need not do: a step whose policy plans no draft leaves
+    the layers alone."""
     entered, real = [], layer_skip.skipping
     monkeypatch.setattr(layer_skip, "skipping", lambda *args: entered.append(1) or real(*args))
     dear_verify = pinned(CostAwareExit(4, costs=DraftCosts((10.0, 30.0, 30.0, 30.0, 30.0), draft_ms=0.5)))
-    result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, make_skip_set([1], [2], 6), dear_verify))
+    result = generate(tiny, prompt, GenerationOptions(GREEDY),
+                      SelfDrafter(tiny, make_skip_set([1], [2], 6), dear_verify))
     assert len(entered) == sum(1 for step in result.steps if step.drafted) == 3
 
 
@@ -241,9 +238,9 @@ def test_a_draft_timed_in_turns_with_a_plain_step_keeps_its_ratio_through_a_slow
 def test_cost_aware_strategies_share_one_measurement_and_equal_plain(tiny, prompt):
     draft = run_settings("draft=cost", "draft.max_tokens=4").draft
     meter = CostMeter(tiny, 11, repeats=1)
-    plain = generate(tiny, prompt, GREEDY).new_tokens
+    plain = generate(tiny, prompt, GenerationOptions(GREEDY)).new_tokens
     skip = make_skip_set([1], [2], 6)
-    strategies = [make_strategy(name, tiny, GREEDY, (), skip, draft, costs=meter)
+    strategies = [make_strategy(name, tiny, GenerationOptions(GREEDY), skip=skip, draft=draft, costs=meter)
                   for name in ("self_spec", "self_spec_cost", "self_spec_hybrid")]
     assert len(meter.verify_ms) == 11 and meter.draft_ms.keys() == {(skip, id(None)), None}  # None: copies
     assert meter.draft_ms[None] == 0.0
@@ -256,40 +253,45 @@ def test_cost_aware_strategies_share_one_measurement_and_equal_plain(tiny, promp
     assert (hybrid.ngram.max_tokens, hybrid.ngram.exit_policy.max_tokens, hybrid.fallback.max_tokens) == (10, 10, 4)
     assert all(s.generate(prompt).new_tokens == plain for s in strategies)
     adaptive = run_settings("draft=cost", "draft.max_tokens=4", "draft.hybrid_policy=adaptive").draft
-    hybrid = make_strategy("self_spec_hybrid", tiny, GREEDY, (), skip, adaptive, costs=meter).drafter
+    hybrid = make_strategy("self_spec_hybrid", tiny, GenerationOptions(GREEDY), skip=skip, draft=adaptive,
+                           costs=meter).drafter
     assert (hybrid.ngram.max_tokens, hybrid.ngram.exit_policy, hybrid.max_tokens) == (4, None, 4)
     with pytest.raises(SelfspecError, match="draft.policy=cost is for the layer-skip and copying drafters; "
                                             "strategy two_model takes"):
-        make_strategy("two_model", tiny, GREEDY, (), skip, draft, draft_model=tiny, costs=meter)
+        make_strategy("two_model", tiny, GenerationOptions(GREEDY), skip=skip, draft=draft, draft_model=tiny,
+                      costs=meter)
 
 
 def test_target_gate_at_one_never_drafts_and_at_zero_changes_nothing(tiny, prompt):
-    plain = generate(tiny, prompt, GREEDY)
+    plain = generate(tiny, prompt, GenerationOptions(GREEDY))
     skip = make_skip_set([1], [2], 6)
-    closed = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip, DraftExit(3)), target_gate=1.0)
+    closed = generate(tiny, prompt, GenerationOptions(GREEDY, target_gate=1.0), SelfDrafter(tiny, skip, DraftExit(3)))
     assert closed.new_tokens == plain.new_tokens
     assert closed.drafted == 0 and len(closed.steps) == len(plain.steps) == closed.gated_steps
-    ungated = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip, AdaptiveExit(6, 0.8, **ADAPTIVE)))
-    open_gate = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, skip, AdaptiveExit(6, 0.8, **ADAPTIVE)),
-                         target_gate=0.0)
+    ungated = generate(tiny, prompt, GenerationOptions(GREEDY),
+                       SelfDrafter(tiny, skip, AdaptiveExit(6, 0.8, **ADAPTIVE)))
+    open_gate = generate(tiny, prompt, GenerationOptions(GREEDY, target_gate=0.0),
+                         SelfDrafter(tiny, skip, AdaptiveExit(6, 0.8, **ADAPTIVE)))
     assert open_gate.new_tokens == ungated.new_tokens == plain.new_tokens and open_gate.gated_steps == 0
     assert [(s.drafted, s.accepted) for s in open_gate.steps] == [(s.drafted, s.accepted) for s in ungated.steps]
 
 
 def test_target_gate_drafts_only_after_confident_steps(tiny, prompt):
     gate = 0.2
-    result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, make_skip_set([1], [], 6), DraftExit(3)), target_gate=gate)
-    assert result.new_tokens == generate(tiny, prompt, GREEDY).new_tokens
+    result = generate(tiny, prompt, GenerationOptions(GREEDY, target_gate=gate),
+                      SelfDrafter(tiny, make_skip_set([1], [], 6), DraftExit(3)))
+    assert result.new_tokens == generate(tiny, prompt, GenerationOptions(GREEDY)).new_tokens
     for before, step in zip(result.steps, result.steps[1:]):
         assert step.gated == (before.target_confidence <= gate) and (step.drafted == 0 or not step.gated)
     assert 0 < result.gated_steps < len(result.steps)
     with pytest.raises(SelfspecError, match=r"target_gate=1.5 is outside \[0, 1\]"):
-        generate(tiny, prompt, GREEDY, SelfDrafter(tiny, make_skip_set([1], [], 6), DraftExit(3)), target_gate=1.5)
+        generate(tiny, prompt, GenerationOptions(GREEDY, target_gate=1.5),
+                 SelfDrafter(tiny, make_skip_set([1], [], 6), DraftExit(3)))
 
 
 def test_empty_prompt_is_rejected(tiny):
     with pytest.raises(SelfspecError, match="empty prompt"):
-        generate(tiny, [], GREEDY)
+        generate(tiny, [], GenerationOptions(GREEDY))
 
 
 def perturbed_copy(model):
@@ -318,7 +320,7 @@ def test_speculative_sampling_matches_the_full_models_distribution(drafter_kind)
     gen = torch.Generator().manual_seed(0)
     n, counts, drafted, accepted, sources = 2000, {}, 0, 0, set()
     for _ in range(n):
-        result = generate(model, prompt, settings, drafter, generator=gen)
+        result = generate(model, prompt, GenerationOptions(settings, generator=gen), drafter)
         key = tuple(result.new_tokens[1:3])
         counts[key] = counts.get(key, 0) + 1
         drafted, accepted = drafted + result.drafted, accepted + result.accepted
@@ -333,11 +335,12 @@ def test_speculative_sampling_matches_the_full_models_distribution(drafter_kind)
 def test_reduced_draft_vocabulary_keeps_greedy_output(tiny, prompt, tokenizer):
     from selfspec.models.draft_head import make_draft_head
 
-    plain = generate(tiny, prompt, GREEDY).new_tokens
+    plain = generate(tiny, prompt, GenerationOptions(GREEDY)).new_tokens
     head = make_draft_head(tiny, tokenizer, 64, calibration_texts())
     assert len(head.token_ids) == 64
     for skip in ([], [2]):
-        result = generate(tiny, prompt, GREEDY, SelfDrafter(tiny, make_skip_set(skip, [], 6), DraftExit(4), head))
+        result = generate(tiny, prompt, GenerationOptions(GREEDY),
+                          SelfDrafter(tiny, make_skip_set(skip, [], 6), DraftExit(4), head))
         assert result.new_tokens == plain and result.drafted > 0
 
 
@@ -355,7 +358,7 @@ def test_speculative_sampling_with_a_reduced_draft_vocabulary_is_exact():
     gen = torch.Generator().manual_seed(1)
     n, counts = 2000, {}
     for _ in range(n):
-        key = tuple(generate(model, [5, 40, 77], settings, drafter, generator=gen).new_tokens[1:3])
+        key = tuple(generate(model, [5, 40, 77], GenerationOptions(settings, generator=gen), drafter).new_tokens[1:3])
         counts[key] = counts.get(key, 0) + 1
     assert set(counts) <= set(exact)
     assert chi_square_pvalue(counts, exact) > 0.001

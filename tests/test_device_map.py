@@ -12,6 +12,7 @@ import torch
 from selfspec.data.prompt_sets import calibration_texts
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.drafters import KangarooDrafter, SelfDrafter
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
 from selfspec.models import output_layer
@@ -56,13 +57,13 @@ def gemma3_checkpoint(tmp_path_factory):
 
 def self_spec(model, prompt, skip, head=None, sampling=GREEDY):
     drafter = SelfDrafter(model, skip, DraftExit(4), head)
-    return generate(model, prompt, sampling, drafter), drafter
+    return generate(model, prompt, GenerationOptions(sampling), drafter), drafter
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
 @pytest.mark.parametrize("device_map", ["cpu", "auto"])
 def test_one_device_maps_decode_as_plain(one_thread, prompt, family, device_map):
-    plain = generate(load_model(settings(family=family)).model, prompt, GREEDY).new_tokens
+    plain = generate(load_model(settings(family=family)).model, prompt, GenerationOptions(GREEDY)).new_tokens
     model = load_model(settings(family=family, device_map=device_map)).model
     assert model.hf_device_map == {"": "cpu"}  # auto: everything fits in this machine's memory
     for skip in SKIPS:
@@ -89,7 +90,7 @@ def test_disk_offloaded_layers_with_skipping_decode_as_plain(one_thread, prompt,
     hook = layers[4]._hf_hook
     pre_forward = hook.pre_forward
     hook.pre_forward = lambda module, *args, **kwargs: (loads.append(1), pre_forward(module, *args, **kwargs))[1]
-    plain = generate(plain_model, prompt, GREEDY).new_tokens
+    plain = generate(plain_model, prompt, GenerationOptions(GREEDY)).new_tokens
     head = make_draft_head(model, byte_tokenizer(), 64, calibration_texts())  # the offloaded rows, copied
     assert head.weight.device.type == "cpu" and torch.equal(head.weight, plain_model.lm_head.weight[head.token_ids])
     accepted = 0
@@ -108,8 +109,8 @@ def test_kangaroo_adapter_reads_offloaded_layers(one_thread, prompt, tmp_path):
     for exit_layer, a in ((3, adapter), (2, adapter_from_disk)):
         reference = new_adapter(plain_model, exit_layer).state_dict()
         assert all(torch.equal(value, reference[key]) for key, value in a.state_dict().items())
-    plain = generate(plain_model, prompt, GREEDY).new_tokens
-    assert generate(model, prompt, GREEDY, KangarooDrafter(model, adapter, 3, DraftExit(3))).new_tokens == plain
+    plain = generate(plain_model, prompt, GenerationOptions(GREEDY)).new_tokens
+    assert generate(model, prompt, GenerationOptions(GREEDY), KangarooDrafter(model, adapter, 3, DraftExit(3))).new_tokens == plain
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2"])
@@ -138,7 +139,7 @@ def test_bfloat16_stays_bfloat16_through_drafting_and_verification(one_thread, p
     adapter = new_adapter(model, 3)
     assert {p.dtype for p in adapter.parameters()} == {torch.bfloat16}
     kangaroo = KangarooDrafter(model, adapter, 3, DraftExit(3))
-    assert len(generate(model, prompt, GREEDY, kangaroo).new_tokens) == 32
+    assert len(generate(model, prompt, GenerationOptions(GREEDY), kangaroo).new_tokens) == 32
     assert kangaroo.shallow.dtype == kangaroo.adapter_cache.layers[0].keys.dtype == torch.bfloat16
 
 

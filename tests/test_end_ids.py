@@ -5,6 +5,7 @@ from dataclasses import replace
 from selfspec.api.decoder import DEFAULT_DRAFT, DEFAULT_SAMPLING
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.drafters import GenerationContext, KangarooDrafter, ModelDrafter, NgramDrafter
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import generate
 from selfspec.decoding.strategies import Strategy, make_strategy
 from selfspec.models.cache import new_cache
@@ -45,13 +46,14 @@ def test_a_checkpoint_whose_generation_config_lists_two_end_ids_loads_both(tmp_p
 
 def test_every_strategy_stops_at_the_first_of_either_end_id(prompt):
     tiny = tiny_model("llama", num_layers=4).double()  # float64: no near-ties between strategies
-    end_ids, expected = two_end_ids(generate(tiny, prompt, GREEDY).new_tokens)
+    end_ids, expected = two_end_ids(generate(tiny, prompt, GenerationOptions(GREEDY)).new_tokens)
     skip = make_skip_set([1], [2], 4)
-    strategies = [make_strategy(name, tiny, GREEDY, end_ids, skip, DRAFT, draft_model=tiny)  # a perfect draft model:
+    strategies = [make_strategy(name, tiny, GenerationOptions(GREEDY, end_ids=end_ids), skip=skip,
+                                draft=DRAFT, draft_model=tiny)  # a perfect draft model:
                   for name in ("plain", "self_spec", "prompt_lookup", "self_spec_hybrid", "two_model",  # end ids land
                                "hf_generate", "hf_prompt_lookup")]  # inside accepted drafts
     kangaroo = KangarooDrafter(tiny, new_adapter(tiny, 3), 3, DraftExit(6))
-    strategies.append(Strategy("kangaroo", tiny, GREEDY, end_ids, kangaroo))
+    strategies.append(Strategy("kangaroo", tiny, GenerationOptions(GREEDY, end_ids=end_ids), kangaroo))
     for strategy in strategies:
         assert strategy.generate(prompt).new_tokens == expected, strategy.name
 
@@ -59,7 +61,8 @@ def test_every_strategy_stops_at_the_first_of_either_end_id(prompt):
 def test_drafts_end_at_the_first_of_either_end_id(tiny, prompt):
     """A draft by the full model itself is the plain continuation; a copy repeats the context: both must stop after
     the first end id in them, whichever id it is."""
-    continuation = generate(tiny, prompt, replace(DEFAULT_SAMPLING, max_new_tokens=11)).new_tokens
+    continuation = generate(tiny, prompt,
+                            GenerationOptions(replace(DEFAULT_SAMPLING, max_new_tokens=11))).new_tokens
     region = continuation[1:]  # what a full-model draft after prompt + continuation[0] proposes
     end_ids = (region[7], region[3])
     first = min(region.index(i) for i in end_ids)

@@ -5,6 +5,7 @@ from dataclasses import replace
 
 from selfspec.api.decoder import DEFAULT_DRAFT, DEFAULT_SAMPLING
 from selfspec.data.prompt_sets import encode_prompt, load_prompts
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.strategies import make_strategy
 from selfspec.evaluation.evaluate import evaluate
 from selfspec.models.tiny import tiny_model
@@ -15,7 +16,8 @@ from selfspec.settings import SkipSet
 def test_repeats_are_taken_in_turns_and_the_median_time_is_recorded(tmp_path, tokenizer, monkeypatch):
     model = tiny_model("llama", num_layers=4)
     sampling = replace(DEFAULT_SAMPLING, max_new_tokens=6)
-    strategies = [make_strategy(name, model, sampling, (2,), SkipSet(attn=(1,), mlp=(2,)), DEFAULT_DRAFT)
+    strategies = [make_strategy(name, model, GenerationOptions(sampling, end_ids=(2,)),
+                                skip=SkipSet(attn=(1,), mlp=(2,)), draft=DEFAULT_DRAFT)
                   for name in ("plain", "self_spec")]
     calls = []
     for strategy in strategies:

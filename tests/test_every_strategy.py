@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from selfspec.decoding.costs import DraftCosts
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import generate
 from selfspec.decoding.strategies import REGISTRY, make_strategy
 from selfspec.decoding.text_rules import text_rules
@@ -53,7 +54,7 @@ def drafting_inputs(tiny, tokenizer, tmp_path_factory):
     save_adapter(adapter_path, new_adapter(tiny, 3), tiny, 3)
     head_path, store_path = adapter_path.with_name("head.pt"), adapter_path.with_name("store.pt")
     save_feature_head(head_path, new_feature_head(tiny), tiny)
-    save_token_store(store_path, [generate(tiny, tokenizer(text).input_ids, GREEDY).new_tokens for text in TEXTS], tiny)
+    save_token_store(store_path, [generate(tiny, tokenizer(text).input_ids, GenerationOptions(GREEDY)).new_tokens for text in TEXTS], tiny)
     return dict(skip=make_skip_set([1], [2], 6), draft=replace(DRAFT, head=str(head_path), store=str(store_path)),
                 draft_model=tiny_model("llama", num_layers=2, seed=1).double(),
                 kangaroo=replace(DEFAULTS.kangaroo, adapter_path=str(adapter_path)),
@@ -64,11 +65,11 @@ def drafting_inputs(tiny, tokenizer, tmp_path_factory):
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("name", [spec.name for spec in REGISTRY.values() if not spec.hf_baseline])
 def test_every_strategy_matches_plain(name, tiny, tokenizer, prompt, drafting_inputs):
-    strategy = make_strategy(name, tiny, GREEDY, (), **drafting_inputs)
+    strategy = make_strategy(name, tiny, GenerationOptions(GREEDY), **drafting_inputs)
     drafted = 0
     for ids in (prompt, *(tokenizer(text).input_ids for text in TEXTS)):
         result = strategy.generate(ids)
-        assert result.new_tokens == generate(tiny, ids, GREEDY).new_tokens, tokenizer.decode(ids)
+        assert result.new_tokens == generate(tiny, ids, GenerationOptions(GREEDY)).new_tokens, tokenizer.decode(ids)
         drafted += result.drafted
     assert drafted > 0 or strategy.drafter is None  # a strategy that never drafted would pass by decoding plainly
 
@@ -78,11 +79,11 @@ def test_every_strategy_matches_plain(name, tiny, tokenizer, prompt, drafting_in
 def test_every_strategy_matches_plain_in_a_batch(name, tiny, tokenizer, prompt, drafting_inputs):
     """Three prompts of different lengths decode together (decoding/batch.py): each row equals its batch-1 plain
     decoding, whatever its neighbours draft and accept."""
-    strategy = make_strategy(name, tiny, GREEDY, (), **drafting_inputs)
+    strategy = make_strategy(name, tiny, GenerationOptions(GREEDY), **drafting_inputs)
     prompts = [prompt, *(tokenizer(text).input_ids for text in TEXTS)]
     results = strategy.generate_batch(prompts)
     for ids, result in zip(prompts, results):
-        assert result.new_tokens == generate(tiny, ids, GREEDY).new_tokens, tokenizer.decode(ids)
+        assert result.new_tokens == generate(tiny, ids, GenerationOptions(GREEDY)).new_tokens, tokenizer.decode(ids)
     assert sum(result.drafted for result in results) > 0 or strategy.drafter is None
 
 
@@ -90,10 +91,10 @@ def test_every_strategy_matches_plain_in_a_batch(name, tiny, tokenizer, prompt, 
 @pytest.mark.parametrize("name", ["self_spec_hybrid", "self_spec_tree"])
 def test_layer_skip_hybrid_and_tree_match_plain(name, tiny, tokenizer, prompt, drafting_inputs):
     """Without draft.head, the strategies that mix copies and a model draft take the layer-skip draft."""
-    strategy = make_strategy(name, tiny, GREEDY, (), **(drafting_inputs | {"draft": DRAFT}))
+    strategy = make_strategy(name, tiny, GenerationOptions(GREEDY), **drafting_inputs | {"draft": DRAFT})
     assert type(strategy.drafter.fallback).__name__ in ("SelfDrafter", "SelfTreeDrafter")
     for ids in (prompt, *(tokenizer(text).input_ids for text in TEXTS)):
-        assert strategy.generate(ids).new_tokens == generate(tiny, ids, GREEDY).new_tokens, tokenizer.decode(ids)
+        assert strategy.generate(ids).new_tokens == generate(tiny, ids, GenerationOptions(GREEDY)).new_tokens, tokenizer.decode(ids)
 
 
 @pytest.fixture
@@ -102,7 +103,7 @@ def banned_rules(tiny, tokenizer, prompt):
     output holds (its check runs on every draft)."""
     words = []
     for ids in (prompt, *(tokenizer(text).input_ids for text in TEXTS)):
-        text = tokenizer.decode(generate(tiny, ids, GREEDY).new_tokens)
+        text = tokenizer.decode(generate(tiny, ids, GenerationOptions(GREEDY)).new_tokens)
         words += [pair for pair in (text[i:i + 2] for i in range(len(text) - 1)) if printable(pair)][:2]
     return text_rules(tiny, tokenizer, words, stop=["never in a random model's output"])
 
@@ -110,10 +111,10 @@ def banned_rules(tiny, tokenizer, prompt):
 @pytest.mark.usefixtures("one_thread")
 @pytest.mark.parametrize("name", [spec.name for spec in REGISTRY.values() if not spec.hf_baseline])
 def test_every_strategy_matches_plain_under_banned_words(name, tiny, tokenizer, prompt, drafting_inputs, banned_rules):
-    strategy = make_strategy(name, tiny, GREEDY, (), **drafting_inputs, rules=banned_rules)
+    strategy = make_strategy(name, tiny, GenerationOptions(GREEDY, rules=banned_rules), **drafting_inputs)
     rollbacks = 0
     for ids in (prompt, *(tokenizer(text).input_ids for text in TEXTS)):
-        plain = generate(tiny, ids, GREEDY, rules=banned_rules)
+        plain = generate(tiny, ids, GenerationOptions(GREEDY, rules=banned_rules))
         assert strategy.generate(ids).new_tokens == plain.new_tokens, tokenizer.decode(ids)
         rollbacks += plain.rollbacks
     assert rollbacks >= 3

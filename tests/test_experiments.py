@@ -14,6 +14,7 @@ from selfspec.decoding.costs import DraftCosts
 from selfspec.decoding.draft_exit import CostAwareExit, DraftExit
 from selfspec.decoding.drafters import GenerationContext, NgramDrafter, NgramTreeDrafter
 from selfspec.decoding.drafters.feature_head import HeadDrafter, HeadFeatures
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
 from selfspec.models.feature_head import new_feature_head, save_feature_head
@@ -207,12 +208,14 @@ def test_copy_replay_steps_as_the_decoding_loop_does():
         return (NgramTreeDrafter(model, 3, 10, 10, 3, pinned(CostAwareExit(10, costs=costs))),
                 NgramDrafter(model, 3, 10, pinned(CostAwareExit(10, costs=costs))))
 
-    full = generate(model, prompt, settings).new_tokens
+    full = generate(model, prompt, GenerationOptions(settings)).new_tokens
     for end_ids in ((), (full[30],)):
-        output = generate(model, prompt, settings, end_ids=end_ids).new_tokens
+        output = generate(model, prompt, GenerationOptions(settings, end_ids=end_ids)).new_tokens
         assert len(output) == 40 if not end_ids else len(output) <= 31
         for live, replayed in zip(copiers(), copiers()):
-            steps = [(step.emitted, step.drafted) for step in generate(model, prompt, settings, live, end_ids).steps]
+            steps = [(step.emitted, step.drafted) for step in generate(model, prompt,
+                                                                       GenerationOptions(settings, end_ids=end_ids),
+                                                                       live).steps]
             context = GenerationContext(None, settings, end_ids=end_ids)
             assert copy_replay.replay(replayed, context, prompt, output) == steps
             assert sum(drafted > 0 for _, drafted in steps) >= 3
@@ -226,8 +229,8 @@ def write_plain_records(folder: Path, overrides: list[str]):
     loaded = load_model(settings.model)
     prompts = load_prompt_set(settings.data)
     rows = [{"strategy": "plain", "question_id": p.question_id, "category": p.category, "turn": 0,
-             "output_ids": generate(loaded.model, encode_prompt(loaded.tokenizer, p), settings.sampling,
-                                    end_ids=loaded.end_ids).new_tokens} for p in prompts]
+             "output_ids": generate(loaded.model, encode_prompt(loaded.tokenizer, p),
+                                    GenerationOptions(settings.sampling, end_ids=loaded.end_ids)).new_tokens} for p in prompts]
     (folder / "records.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
     return loaded, prompts, rows
 
@@ -271,7 +274,7 @@ def test_head_agreement_predicts_each_token_as_the_live_head_drafts_it_first(fus
         return drafted
 
     drafter.draft = recording_draft
-    output = generate(model, prompt, settings, drafter).new_tokens
+    output = generate(model, prompt, GenerationOptions(settings), drafter).new_tokens
     first = len(prompt) + 1  # the prefill gives the first output token
     predicted = head_agreement.head_predictions(model, head, None, prompt + output, first, top=1)[:, 0]
     assert len(predicted) == len(output) - 1 and len(firsts) >= 10

@@ -10,6 +10,7 @@ import torch
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.drafters.feature_head import HeadDrafter, HeadFeatures
 from selfspec.decoding.drafters.layer_skip_tree import HeadTreeDrafter
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
 from selfspec.models import trained_parts
@@ -98,8 +99,8 @@ def test_the_head_reads_the_states_of_exactly_the_kept_tokens_and_decodes_lossle
         compact(cache, first, sources)
     monkeypatch.setattr(RewindableCache, "compact", counted)
     prompt = [5, 40, 77, 9, 120, 33]
-    result = generate(tiny, prompt, GREEDY, drafter)
-    assert result.new_tokens == generate(tiny, prompt, GREEDY).new_tokens
+    result = generate(tiny, prompt, GenerationOptions(GREEDY), drafter)
+    assert result.new_tokens == generate(tiny, prompt, GenerationOptions(GREEDY)).new_tokens
     assert features.checks >= 8 and result.accepted >= 8
     assert sum(moved) >= (8 if tree else 0)
 
@@ -114,7 +115,7 @@ def test_head_sampling_matches_the_full_models_distribution():
     gen = torch.Generator().manual_seed(0)
     counts, drafted, accepted = {}, 0, 0
     for _ in range(2000):
-        result = generate(model, prompt, settings, drafter, generator=gen)
+        result = generate(model, prompt, GenerationOptions(settings, generator=gen), drafter)
         key = tuple(result.new_tokens[1:3])
         counts[key] = counts.get(key, 0) + 1
         drafted, accepted = drafted + result.drafted, accepted + result.accepted

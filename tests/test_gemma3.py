@@ -6,6 +6,7 @@ from dataclasses import replace
 import pytest
 
 from selfspec.data.prompt_sets import encode_prompt, load_prompts
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import generate
 from selfspec.models.loading import load_model
 from selfspec.settings import default_settings
@@ -29,7 +30,7 @@ def prompts(gemma):
 
 @pytest.fixture(scope="module")
 def plain(gemma, prompts):
-    return [generate(gemma.model, ids, SETTINGS, end_ids=gemma.end_ids).new_tokens for ids in prompts]
+    return [generate(gemma.model, ids, GenerationOptions(SETTINGS, end_ids=gemma.end_ids)).new_tokens for ids in prompts]
 
 
 def test_the_shipped_feature_head_drafts_losslessly_and_gets_accepted(gemma, prompts, plain):

@@ -10,6 +10,7 @@ from torch import nn
 
 from selfspec.data.prompt_sets import encode_prompt, load_prompts
 from selfspec.decoding.hf_baselines import HF_STRATEGIES, make_hf_strategy
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.strategies import Strategy, make_strategy
 from selfspec.errors import SelfspecError
 from selfspec.evaluation.evaluate import measure_peak_memory
@@ -40,12 +41,13 @@ def draft():
 
 
 def strategies(model, settings, draft, end_ids=(), **kwargs):
-    return [make_hf_strategy(name, model, settings, end_ids, draft_model=draft, **kwargs) for name in HF_STRATEGIES]
+    return [make_hf_strategy(name, model, GenerationOptions(settings, end_ids=end_ids),
+                             draft_model=draft, **kwargs) for name in HF_STRATEGIES]
 
 
 def test_greedy_outputs_equal_plain_and_steps_add_up(tiny, draft, prompt):
     """Llama and Gemma-2 (16-token sliding window, crossed here) in float64."""
-    plain = Strategy("plain", tiny, GREEDY, ()).generate(prompt)
+    plain = Strategy("plain", tiny, GenerationOptions(GREEDY)).generate(prompt)
     for strategy in strategies(tiny, GREEDY, draft):
         result = strategy.generate(prompt)
         assert result.new_tokens == plain.new_tokens, strategy.name
@@ -58,14 +60,15 @@ def test_greedy_outputs_equal_plain_and_steps_add_up(tiny, draft, prompt):
 
 def test_early_exit_reads_draft_length_from_generation_config(llama, prompt):
     for k in (1, 3):  # fixed-length drafts (threshold 0): k tokens per step
-        result = make_hf_strategy("hf_early_exit", llama, GREEDY, (), early_exit_layer=3, num_assistant_tokens=k,
-                                  confidence_threshold=0).generate(prompt)
+        result = make_hf_strategy("hf_early_exit", llama, GenerationOptions(GREEDY),
+                                  early_exit_layer=3, num_assistant_tokens=k, confidence_threshold=0).generate(prompt)
         produced = [sum(s.emitted for s in result.steps[:i]) for i in range(len(result.steps))]
         assert [s.drafted for s in result.steps] == [min(k, 40 - n - 1) for n in produced]  # HF caps at the length
     # all layers: the draft is the full model, so every draft is accepted
-    full = make_hf_strategy("hf_early_exit", llama, GREEDY, (), early_exit_layer=6, num_assistant_tokens=4,
-                            confidence_threshold=0).generate(prompt)
-    assert full.accepted == full.drafted > 0 and full.new_tokens == Strategy("plain", llama, GREEDY, ()).generate(
+    full = make_hf_strategy("hf_early_exit", llama, GenerationOptions(GREEDY), early_exit_layer=6,
+                            num_assistant_tokens=4, confidence_threshold=0).generate(prompt)
+    assert full.accepted == full.drafted > 0 and full.new_tokens == Strategy("plain", llama,
+                                                                             GenerationOptions(GREEDY)).generate(
         prompt).new_tokens
 
 
@@ -80,10 +83,10 @@ def test_generation_configs_are_restored(llama, draft, prompt):
 
 
 def test_eos_stops_every_strategy_where_plain_stops(tiny, draft, prompt):
-    full = Strategy("plain", tiny, GREEDY, ()).generate(prompt).new_tokens
+    full = Strategy("plain", tiny, GenerationOptions(GREEDY)).generate(prompt).new_tokens
     eos = full[25]
     expected = full[: full.index(eos) + 1]
-    assert Strategy("plain", tiny, GREEDY, (eos,)).generate(prompt).new_tokens == expected
+    assert Strategy("plain", tiny, GenerationOptions(GREEDY, end_ids=(eos,))).generate(prompt).new_tokens == expected
     for strategy in strategies(tiny, GREEDY, draft, (eos,)):
         assert strategy.generate(prompt).new_tokens == expected, strategy.name
 
@@ -101,12 +104,12 @@ def test_sampling_is_reproducible_and_leaves_the_global_rng_alone(llama, draft, 
 def test_bad_names_and_settings_raise(llama):
     with pytest.raises(SelfspecError, match="hf_generate, hf_generate_stock, hf_prompt_lookup, hf_early_exit, "
                                             "hf_assistant"):
-        make_hf_strategy("hf_beam", llama, GREEDY, ())
+        make_hf_strategy("hf_beam", llama, GenerationOptions(GREEDY))
     with pytest.raises(SelfspecError, match="draft model"):
-        make_hf_strategy("hf_assistant", llama, GREEDY, ())
+        make_hf_strategy("hf_assistant", llama, GenerationOptions(GREEDY))
     with pytest.raises(SelfspecError, match="outside 1..6"):
-        make_hf_strategy("hf_early_exit", llama, GREEDY, (), early_exit_layer=7)
-    assert make_hf_strategy("hf_early_exit", llama, GREEDY, ()).early_exit_layer == 4  # 3/4 of 6 layers
+        make_hf_strategy("hf_early_exit", llama, GenerationOptions(GREEDY), early_exit_layer=7)
+    assert make_hf_strategy("hf_early_exit", llama, GenerationOptions(GREEDY)).early_exit_layer == 4  # 3/4 of 6 layers
 
 
 def counting_calls(modules) -> list[int]:
@@ -124,7 +127,8 @@ def test_stock_generate_runs_dense_linears_sharing_the_rest_and_equals_hf_genera
     use_grouped_attention(model)
     packed = [m for m in model.modules() if isinstance(m, PackedLinear)] if pack_linears(model) else []
     assert pack_output_layer(model)
-    hf, stock = (make_strategy(name, model, GREEDY, (), make_skip_set([], [], 6), DEFAULTS.draft)
+    hf, stock = (make_strategy(name, model, GenerationOptions(GREEDY),
+                               skip=make_skip_set([], [], 6), draft=DEFAULTS.draft)
                  for name in ("hf_generate", "hf_generate_stock"))
     assert hf.model is model and stock.model is not model and len(packed) == 6 * 7
     dense = [m for layer in decoder_layers(stock.model) for m in layer.modules() if type(m) is nn.Linear]
@@ -147,7 +151,7 @@ def test_stock_generate_runs_dense_linears_sharing_the_rest_and_equals_hf_genera
 
 
 def test_stock_generate_is_hf_generate_where_nothing_is_packed(llama):
-    assert make_hf_strategy("hf_generate_stock", llama, GREEDY, ()).model is llama  # float64: never packed
+    assert make_hf_strategy("hf_generate_stock", llama, GenerationOptions(GREEDY)).model is llama  # float64: never packed
 
 
 def test_self_speculation_holds_no_second_copy_of_the_weights(tokenizer):
@@ -155,8 +159,9 @@ def test_self_speculation_holds_no_second_copy_of_the_weights(tokenizer):
     weights_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     ids = tokenizer("def fibonacci(n):\n    ").input_ids
     settings = replace(SAMPLING, max_new_tokens=24)
-    self_spec = make_strategy("self_spec_fixed", model, settings, (), make_skip_set([1], [2], 4),
-                              run_settings("draft=fixed", "draft.max_tokens=4").draft)
+    self_spec = make_strategy("self_spec_fixed", model, GenerationOptions(settings),
+                              skip=make_skip_set([1], [2], 4),
+                              draft=run_settings("draft=fixed", "draft.max_tokens=4").draft)
     self_spec.generate(ids)  # warm-up: lazy allocations that later runs reuse
     result, grown_mb = measure_peak_memory(lambda: self_spec.generate(ids))
     assert len(result.new_tokens) == 24 and grown_mb < 0.25 * weights_mb
@@ -171,10 +176,11 @@ def test_smollm2_early_exit_drafts_and_matches_plain():
     model, end_ids = loaded.model, loaded.end_ids
     ids = encode_prompt(loaded.tokenizer, load_prompts("humaneval", limit=1)[0])
     settings = replace(SAMPLING, max_new_tokens=24)
-    plain = Strategy("plain", model, settings, end_ids).generate(ids).new_tokens
+    plain = Strategy("plain", model, GenerationOptions(settings, end_ids=end_ids)).generate(ids).new_tokens
     for k in (1, 3):
-        result = make_hf_strategy("hf_early_exit", model, settings, end_ids, early_exit_layer=28,
-                                  num_assistant_tokens=k, confidence_threshold=0).generate(ids)
+        result = make_hf_strategy("hf_early_exit", model,
+                                  GenerationOptions(settings, end_ids=end_ids),
+                                  early_exit_layer=28, num_assistant_tokens=k, confidence_threshold=0).generate(ids)
         assert result.new_tokens == plain
         assert max(s.drafted for s in result.steps) == k and 0 < result.accepted < result.drafted
-    assert make_hf_strategy("hf_generate", model, settings, end_ids).generate(ids).new_tokens == plain
+    assert make_hf_strategy("hf_generate", model, GenerationOptions(settings, end_ids=end_ids)).generate(ids).new_tokens == plain

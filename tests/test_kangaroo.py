@@ -9,6 +9,7 @@ import torch
 from selfspec.decoding.draft_exit import AdaptiveExit, DraftExit, ThresholdExit
 from selfspec.decoding.drafters import kangaroo
 from selfspec.decoding.drafters.kangaroo import KangarooDrafter, adapter_hidden
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
 from selfspec.models.cache import RewindableCache
@@ -40,20 +41,21 @@ def noisy_adapter(model, exit_layer, scale=0.05, seed=0):
 def test_untrained_adapter_after_all_but_the_last_layer_drafts_like_the_full_model(tiny, prompt):
     """The adapter then is the model's last layer and final norm: every draft must be accepted, which holds only
     if the adapter's cache gets the full model's shallow states of every verified token (past gemma2's window)."""
-    plain = generate(tiny, prompt, GREEDY).new_tokens
-    result = generate(tiny, prompt, GREEDY, KangarooDrafter(tiny, new_adapter(tiny, 5), 5, DraftExit(5)))
+    plain = generate(tiny, prompt, GenerationOptions(GREEDY)).new_tokens
+    result = generate(tiny, prompt, GenerationOptions(GREEDY),
+                      KangarooDrafter(tiny, new_adapter(tiny, 5), 5, DraftExit(5)))
     assert result.new_tokens == plain
     assert result.acceptance_rate == 1.0 and result.mean_accepted_tokens > 5
 
 
 def test_kangaroo_greedy_equals_plain_for_exit_layers_and_policies(tiny, prompt):
-    plain = generate(tiny, prompt, GREEDY).new_tokens
+    plain = generate(tiny, prompt, GenerationOptions(GREEDY)).new_tokens
     rng = random.Random(0)
     policies = [DraftExit(rng.randint(1, 8)), ThresholdExit(rng.randint(1, 8), rng.random()),
                 AdaptiveExit(rng.randint(1, 12), rng.random(), **ADAPTIVE), DraftExit(rng.randint(1, 8))]
     for exit_layer, policy in zip((1, 2, 4, 5), policies):
         drafter = KangarooDrafter(tiny, noisy_adapter(tiny, exit_layer, seed=exit_layer), exit_layer, policy)
-        result = generate(tiny, prompt, GREEDY, drafter)
+        result = generate(tiny, prompt, GenerationOptions(GREEDY), drafter)
         assert result.new_tokens == plain, (exit_layer, policy)
         assert sum(s.emitted for s in result.steps) == 59 and result.drafted > 0
 
@@ -72,8 +74,9 @@ def test_kangaroo_enters_its_skip_set_only_for_steps_that_draft_and_its_adapter_
     """A step that drafts nothing leaves the layers alone; the next draft feeds the adapter what it missed."""
     entered, real = [], kangaroo.skipping
     monkeypatch.setattr(kangaroo, "skipping", lambda *args: entered.append(1) or real(*args))
-    plain = generate(tiny, prompt, GREEDY).new_tokens
-    result = generate(tiny, prompt, GREEDY, KangarooDrafter(tiny, new_adapter(tiny, 5), 5, EveryThirdStep(3)))
+    plain = generate(tiny, prompt, GenerationOptions(GREEDY)).new_tokens
+    result = generate(tiny, prompt, GenerationOptions(GREEDY),
+                      KangarooDrafter(tiny, new_adapter(tiny, 5), 5, EveryThirdStep(3)))
     assert result.new_tokens == plain
     drafting = [step for step in result.steps if step.drafted]
     assert len(entered) == len(drafting) < len(result.steps)
@@ -83,11 +86,11 @@ def test_kangaroo_enters_its_skip_set_only_for_steps_that_draft_and_its_adapter_
 def test_the_hook_goes_away_when_another_generation_runs(tiny, prompt):
     drafter = KangarooDrafter(tiny, noisy_adapter(tiny, 3), 3, DraftExit(3))
     layer = decoder_layers(tiny)[2]
-    generate(tiny, prompt, replace(SAMPLING, max_new_tokens=8), drafter)
+    generate(tiny, prompt, GenerationOptions(replace(SAMPLING, max_new_tokens=8)), drafter)
     assert len(layer._forward_hooks) == 1
-    plain = generate(tiny, prompt, replace(SAMPLING, max_new_tokens=8))  # another cache: the hook removes itself
+    plain = generate(tiny, prompt, GenerationOptions(replace(SAMPLING, max_new_tokens=8)))  # another cache: the hook removes itself
     assert len(layer._forward_hooks) == 0 and drafter.cache is None
-    again = generate(tiny, prompt, replace(SAMPLING, max_new_tokens=8), drafter)
+    again = generate(tiny, prompt, GenerationOptions(replace(SAMPLING, max_new_tokens=8)), drafter)
     assert again.new_tokens == plain.new_tokens
 
 
@@ -102,7 +105,7 @@ def test_kangaroo_sampling_matches_the_full_models_distribution():
     gen = torch.Generator().manual_seed(0)
     counts, drafted, accepted = {}, 0, 0
     for _ in range(2000):
-        result = generate(model, prompt, settings, drafter, generator=gen)
+        result = generate(model, prompt, GenerationOptions(settings, generator=gen), drafter)
         key = tuple(result.new_tokens[1:3])
         counts[key] = counts.get(key, 0) + 1
         drafted, accepted = drafted + result.drafted, accepted + result.accepted

@@ -9,6 +9,7 @@ import pytest
 from selfspec.api.decoder import DEFAULT_DRAFT, DEFAULT_SAMPLING
 from selfspec.data.conversation import answer_text, check_multi_turn
 from selfspec.data.prompt_sets import Prompt, encode_prompt
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.strategies import Strategy, make_strategy
 from selfspec.errors import SelfspecError
 from selfspec.evaluation.evaluate import evaluate
@@ -26,9 +27,10 @@ def tiny_strategies(model, max_new_tokens=12):
     """plain, a self-speculative strategy and `short` (plain decoding with fewer tokens: an answer of its own)."""
     sampling = replace(DEFAULT_SAMPLING, max_new_tokens=max_new_tokens)
     draft = replace(DEFAULT_DRAFT, policy="fixed", max_tokens=3, ngram_tokens=10)
-    return [Strategy("plain", model, sampling, EOS),
-            make_strategy("self_spec_fixed", model, sampling, EOS, SkipSet(attn=(2,), mlp=(3,)), draft),
-            Strategy("short", model, replace(DEFAULT_SAMPLING, max_new_tokens=5), EOS)]
+    return [Strategy("plain", model, GenerationOptions(sampling, end_ids=EOS)),
+            make_strategy("self_spec_fixed", model, GenerationOptions(sampling, end_ids=EOS),
+                          skip=SkipSet(attn=(2,), mlp=(3,)), draft=draft),
+            Strategy("short", model, GenerationOptions(replace(DEFAULT_SAMPLING, max_new_tokens=5), end_ids=EOS))]
 
 
 @pytest.fixture(scope="module")

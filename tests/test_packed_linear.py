@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.strategies import make_strategy
 from selfspec.models.kangaroo_adapter import new_adapter
 from selfspec.models.loading import load_model
@@ -96,7 +97,8 @@ def test_greedy_decoding_over_packed_linears_equals_hf_generate_on_the_same_mode
     assert pack_linears(model) == 6 * 7
     draft = run_settings("model=tiny_llama", "draft.max_tokens=4").draft
     sampling = replace(default_settings().sampling, max_new_tokens=40)
-    strategy = make_strategy(name, model, sampling, (), SkipSet(attn=(1, 3), mlp=(2,)), draft)
+    strategy = make_strategy(name, model, GenerationOptions(sampling), skip=SkipSet(attn=(1, 3), mlp=(2,)),
+                             draft=draft)
     assert strategy.generate(prompt).new_tokens == hf_greedy(model, prompt, 40)
 
 

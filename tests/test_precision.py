@@ -10,6 +10,7 @@ import torch
 from selfspec import timing
 from selfspec.api.decoder import DEFAULT_DRAFT, DEFAULT_SAMPLING
 from selfspec.data.prompt_sets import encode_prompt, load_prompts
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.strategies import make_strategy
 from selfspec.evaluation.evaluate import evaluate
 from selfspec.models.tiny import tiny_model
@@ -31,7 +32,8 @@ def test_bfloat16_runs_measure_the_match_fraction_and_where_outputs_part(tmp_pat
     model = tiny_model("llama", num_layers=4, hidden_size=256, init_std=0.05).to(torch.bfloat16)
     sampling = replace(DEFAULT_SAMPLING, max_new_tokens=20)
     draft = replace(DEFAULT_DRAFT, policy="fixed", max_tokens=4, ngram_tokens=10)
-    strategies = [make_strategy(name, model, sampling, (2,), SkipSet(attn=(1,), mlp=(2,)), draft)
+    strategies = [make_strategy(name, model, GenerationOptions(sampling, end_ids=(2,)),
+                                skip=SkipSet(attn=(1,), mlp=(2,)), draft=draft)
                   for name in ("plain", "self_spec_fixed")]
     prompts = load_prompts("chat", limit=3)
     summary = evaluate(strategies, prompts, [encode_prompt(tokenizer, p) for p in prompts], tokenizer, tmp_path,

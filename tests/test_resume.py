@@ -12,6 +12,7 @@ import pytest
 
 from selfspec.api.decoder import DEFAULT_DRAFT, DEFAULT_SAMPLING
 from selfspec.data.prompt_sets import encode_prompt, load_prompts
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.strategies import make_strategy
 from selfspec.evaluation import summarize as summarize_cli
 from selfspec.evaluation.evaluate import evaluate
@@ -31,7 +32,7 @@ def strategies(model):
     draft = replace(DEFAULT_DRAFT, policy="adaptive", max_tokens=4, ngram_tokens=10, hybrid_policy=None)  # adaptive: its
     # state replays exactly; the cost-aware exit follows measured times, so its draft counts differ run to run
     skip = SkipSet(attn=(2, 4), mlp=(3,))
-    return [make_strategy(name, model, sampling, (2,), skip, draft) for name in ("plain", "self_spec", "self_spec_hybrid")]
+    return [make_strategy(name, model, GenerationOptions(sampling, end_ids=(2,)), skip=skip, draft=draft) for name in ("plain", "self_spec", "self_spec_hybrid")]
 
 
 def untimed(records) -> list[dict]:

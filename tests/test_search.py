@@ -19,6 +19,7 @@ from selfspec.data.prompt_sets import encode_prompt, load_prompts, split_prompts
 from selfspec.decoding.costs import StepCosts, expected_speedup
 from selfspec.decoding.draft_exit import make_exit_policy
 from selfspec.decoding.drafters import SelfDrafter
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
 from selfspec.evaluation.task import run
@@ -66,8 +67,8 @@ def mean_accepted_tokens(cfg, skip: SkipSet) -> float:
     drafter = SelfDrafter(loaded.model, skip, make_exit_policy(run_settings.draft, sampling.greedy))
     emitted = steps = 0
     for prompt in split_prompts(load_prompts("chat"), "calibration")[1:5]:
-        result = generate(loaded.model, encode_prompt(loaded.tokenizer, prompt), sampling, drafter,
-                          loaded.end_ids)
+        result = generate(loaded.model, encode_prompt(loaded.tokenizer, prompt),
+                          GenerationOptions(sampling, end_ids=loaded.end_ids), drafter)
         emitted += sum(s.emitted for s in result.steps)
         steps += len(result.steps)
     return emitted / steps
@@ -210,7 +211,8 @@ def test_cost_model_objective_prices_each_step_of_the_trace():
     emitted = modelled = 0.0
     for index, ids in enumerate(prompt_ids):
         generator = torch.Generator().manual_seed(index)
-        for step in generate(loaded.model, ids, sampling, drafter, loaded.end_ids, generator).steps:
+        for step in generate(loaded.model, ids,
+                             GenerationOptions(sampling, end_ids=loaded.end_ids, generator=generator), drafter).steps:
             emitted += step.emitted
             modelled += step.drafted * d + 10.0 + step.drafted
     assert metrics["modelled_speedup"] == pytest.approx(emitted * 10.0 / modelled, rel=1e-12)

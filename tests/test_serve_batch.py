@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from selfspec import SelfSpeculativeDecoder
-from selfspec.decoding.verify import Emitted
+from selfspec.decoding.results import Emitted
 from selfspec.models.tiny import byte_tokenizer, tiny_model
 from selfspec.serve.batcher import Batcher, DecodingFailed, drafter_pools, pool_sizes, row_length
 from selfspec.settings import default_settings
@@ -58,7 +58,7 @@ def tokens(steps: Iterator[Emitted], output: list[int] | None = None) -> list[in
 
 def alone(decoders, prompt: str, **options) -> list[int]:
     """Plain decoding's reply at batch size 1."""
-    return tokens(decoders["plain"].job(prompt, NEW_TOKENS, **options).steps())
+    return tokens(decoders["plain"].job(prompt, max_new_tokens=NEW_TOKENS, **options).steps())
 
 
 def until(condition, seconds: float = 60) -> None:
@@ -74,9 +74,9 @@ def test_requests_of_other_strategies_and_modes_join_the_running_batch_and_decod
     reply = plain.tokenizer.decode(alone(decoders, LONG_PROMPTS[2]))
     word = next(reply[i:i + 2] for i in range(len(reply) - 1) if printable(reply[i:i + 2]))  # one it writes
     sampled = dict(temperature=0.8, seed=3)  # plain: its random draws do not depend on drafts
-    jobs = [hybrid.job(LONG_PROMPTS[0], NEW_TOKENS), plain.job(LONG_PROMPTS[1], NEW_TOKENS),
-            plain.job("sampled", NEW_TOKENS, **sampled),
-            hybrid.job(LONG_PROMPTS[2], NEW_TOKENS, banned_words=[word], logprobs=2)]
+    jobs = [hybrid.job(LONG_PROMPTS[0], max_new_tokens=NEW_TOKENS), plain.job(LONG_PROMPTS[1], max_new_tokens=NEW_TOKENS),
+            plain.job("sampled", max_new_tokens=NEW_TOKENS, **sampled),
+            hybrid.job(LONG_PROMPTS[2], max_new_tokens=NEW_TOKENS, banned_words=[word], logprobs=2)]
     expected = [alone(decoders, LONG_PROMPTS[0]), alone(decoders, LONG_PROMPTS[1]),
                 alone(decoders, "sampled", **sampled),
                 alone(decoders, LONG_PROMPTS[2], banned_words=[word], logprobs=2)]
@@ -97,9 +97,9 @@ def test_requests_of_other_strategies_and_modes_join_the_running_batch_and_decod
 def test_a_request_that_cannot_join_ends_alone_and_the_batch_decodes_on(decoders):
     hybrid = decoders["self_spec_hybrid"]
     with batcher(decoders, 3) as running:
-        rows = [running.row(hybrid.job(prompt, NEW_TOKENS)).emitted() for prompt in LONG_PROMPTS[:2]]
+        rows = [running.row(hybrid.job(prompt, max_new_tokens=NEW_TOKENS)).emitted() for prompt in LONG_PROMPTS[:2]]
         outputs = [tokens([next(row)]) for row in rows]
-        too_long = running.row(hybrid.job("x" * 100, NEW_TOKENS)).emitted()  # longer than the rows' cache
+        too_long = running.row(hybrid.job("x" * 100, max_new_tokens=NEW_TOKENS)).emitted()  # longer than the rows' cache
         with pytest.raises(DecodingFailed, match="could not join the batch: a prompt of 100 tokens"):
             next(too_long)
         assert running.size == 2
@@ -113,7 +113,7 @@ def test_a_reader_that_leaves_frees_its_row_and_drafter_for_the_next_request(dec
     hybrid = decoders["self_spec_hybrid"]
     with batcher(decoders, 2) as running:
         pools = {key: list(pool) for key, pool in running.pools.items()}
-        rows = [running.row(hybrid.job(prompt, NEW_TOKENS)).emitted() for prompt in LONG_PROMPTS[:3]]
+        rows = [running.row(hybrid.job(prompt, max_new_tokens=NEW_TOKENS)).emitted() for prompt in LONG_PROMPTS[:3]]
         outputs = [[], [], []]
         for i in (0, 1, 0, 1, 0, 1):
             next(rows[i]).onto(outputs[i])

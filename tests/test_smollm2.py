@@ -10,6 +10,7 @@ from selfspec.data.prompt_sets import encode_prompt, load_prompts
 from selfspec.decoding.draft_exit import AdaptiveExit, DraftExit
 from selfspec.decoding.drafters import SelfDrafter
 from selfspec.decoding.batch import generate_batch
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import generate
 from selfspec.models.loading import load_model
 from selfspec.settings import default_settings, make_skip_set
@@ -36,7 +37,7 @@ def prompts(smollm2):
 @pytest.fixture(scope="module")
 def plain(smollm2, prompts):
     """Plain greedy decoding's outputs of the prompts, which every test here compares with."""
-    return [generate(smollm2.model, ids, SETTINGS, end_ids=(smollm2.tokenizer.eos_token_id,)).new_tokens
+    return [generate(smollm2.model, ids, GenerationOptions(SETTINGS, end_ids=(smollm2.tokenizer.eos_token_id,))).new_tokens
             for ids in prompts]
 
 
@@ -55,8 +56,8 @@ def test_plain_greedy_equals_hf_generate(smollm2, prompts, plain):
 def test_self_speculative_greedy_equals_plain(smollm2, prompts, plain, attn, mlp, policy):
     model, eos = smollm2.model, smollm2.tokenizer.eos_token_id
     for ids, expected in zip(prompts, plain):
-        result = generate(model, ids, SETTINGS, SelfDrafter(model, make_skip_set(attn, mlp, 30), policy),
-                          end_ids=(eos,))
+        result = generate(model, ids, GenerationOptions(SETTINGS, end_ids=(eos,)),
+                          SelfDrafter(model, make_skip_set(attn, mlp, 30), policy))
         assert result.new_tokens == expected
         assert result.drafted > 0
 
@@ -77,8 +78,8 @@ def test_a_batch_of_four_decodes_each_prompt_as_alone_in_float32(smollm2, prompt
     batched matmul may round a row differently from batch 1; on these prompts and 48 tokens none does (measured:
     4 of 4 rows equal, plain and layer-skip)."""
     model, eos = smollm2.model, smollm2.tokenizer.eos_token_id
-    assert [r.new_tokens for r in generate_batch(model, prompts, SETTINGS, end_ids=(eos,))] == plain
+    assert [r.new_tokens for r in generate_batch(model, prompts, GenerationOptions(SETTINGS, end_ids=(eos,)))] == plain
     drafters = [SelfDrafter(model, make_skip_set([3, 4, 5, 6, 7, 8, 26, 28], [], 30), DraftExit(3)) for _ in prompts]
-    results = generate_batch(model, prompts, SETTINGS, drafters, end_ids=(eos,))
+    results = generate_batch(model, prompts, GenerationOptions(SETTINGS, end_ids=(eos,)), drafters=drafters)
     assert [r.new_tokens for r in results] == plain
     assert all(r.drafted > 0 for r in results)

@@ -13,6 +13,7 @@ from selfspec import DEFAULT_DRAFT, SelfSpeculativeDecoder
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.drafters import SelfDrafter
 from selfspec.api.streaming import stream_chunks
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import decode_steps, generate
 from selfspec.decoding.text_rules import OutputWatch, WordFinder, text_rules
 from selfspec.errors import SelfspecError
@@ -165,7 +166,7 @@ def test_bad_constraints_in_the_config_end_in_one_line(overrides, message):
 
 def plain_words(llama, tokenizer, prompt_ids: list[int], count: int = 2) -> list[str]:
     """`count` two-character words from plain decoding's output: words the model does produce."""
-    text = tokenizer.decode(generate(llama, prompt_ids, GREEDY).new_tokens)
+    text = tokenizer.decode(generate(llama, prompt_ids, GenerationOptions(GREEDY)).new_tokens)
     pairs = [text[i:i + 2] for i in range(len(text) - 1) if printable(text[i:i + 2])]
     assert len(pairs) >= count, text
     return pairs[:count]
@@ -174,18 +175,18 @@ def plain_words(llama, tokenizer, prompt_ids: list[int], count: int = 2) -> list
 def test_plain_decoding_rolls_back_and_never_emits_a_banned_word(tiny, tokenizer, prompt):
     words = plain_words(tiny, tokenizer, prompt)
     rules = text_rules(tiny, tokenizer, words)
-    result = generate(tiny, prompt, GREEDY, rules=rules)
+    result = generate(tiny, prompt, GenerationOptions(GREEDY, rules=rules))
     text = tokenizer.decode(result.new_tokens)
     assert result.rollbacks >= 1 and not any(word.lower() in text.lower() for word in words)
     assert len(result.new_tokens) == GREEDY.max_new_tokens
 
 
 def test_stop_strings_end_generation_inside_a_draft(llama, tokenizer, prompt):
-    plain = generate(llama, prompt, GREEDY).new_tokens
+    plain = generate(llama, prompt, GenerationOptions(GREEDY)).new_tokens
     stop = tokenizer.decode(plain[9:11])
     rules = text_rules(llama, tokenizer, stop=[stop])
     drafter = SelfDrafter(llama, make_skip_set([1], [2], 6), DraftExit(5))
-    result = generate(llama, prompt, GREEDY, drafter, rules=rules)
+    result = generate(llama, prompt, GenerationOptions(GREEDY, rules=rules), drafter)
     assert result.new_tokens == plain[:11] and result.drafted > 0
 
 
@@ -194,8 +195,9 @@ def test_logprobs_are_plain_decodings_whichever_strategy_drafted(llama, tokenize
     drafter = SelfDrafter(llama, make_skip_set([1], [2], 6), DraftExit(3))
 
     def logprobs(drafter):
-        emitted = list(decode_steps(llama, prompt, sampling, drafter, generator=torch.Generator().manual_seed(0),
-                                    top_logprobs=3))
+        emitted = list(decode_steps(llama, prompt,
+                                    GenerationOptions(sampling, generator=torch.Generator().manual_seed(0), top_logprobs=3),
+                                    drafter))
         tokens = [t for e in emitted for t in e.tokens]
         return tokens, [lp for e in emitted for lp in e.logprobs]
 
@@ -217,7 +219,7 @@ def test_the_api_replies_without_the_word_and_counts_the_rollbacks(llama, tokeni
     decoder = SelfSpeculativeDecoder(llama, tokenizer, skip={"attn": [1], "mlp": [2]},
                                      draft=dataclasses.replace(DEFAULT_DRAFT, max_tokens=4), strategy="self_spec")
     reply = decoder.generate(prompt, max_new_tokens=24, banned_words=[w.upper() for w in words], logprobs=2)
-    plain = generate(llama, prompt, GREEDY, rules=text_rules(llama, tokenizer, words))
+    plain = generate(llama, prompt, GenerationOptions(GREEDY, rules=text_rules(llama, tokenizer, words)))
     assert reply.token_ids == plain.new_tokens and reply.stats.rollbacks == plain.rollbacks >= 1
     assert len(reply.logprobs) == len(reply.token_ids) and all(len(lp.top) == 2 for lp in reply.logprobs)
     chunks = list(decoder.stream(prompt, max_new_tokens=24, banned_words=words))
@@ -293,7 +295,7 @@ def test_sampling_with_a_banned_word_follows_plain_decodings_distribution(tokeni
     generator = torch.Generator().manual_seed(0)
     counts, rollbacks = {}, 0
     for _ in range(2000):
-        result = generate(model, prompt, settings, drafter, generator=generator, rules=rules)
+        result = generate(model, prompt, GenerationOptions(settings, generator=generator, rules=rules), drafter)
         counts[tuple(result.new_tokens)] = counts.get(tuple(result.new_tokens), 0) + 1
         rollbacks += result.rollbacks
     assert (x, y) not in counts and set(counts) <= set(exact)

@@ -15,6 +15,7 @@ from selfspec.decoding.costs import DraftCosts
 from selfspec.decoding.draft_exit import CostAwareExit
 from selfspec.decoding.drafters import (GenerationContext, HybridDrafter, NgramTreeDrafter, SelfTreeDrafter,
                                        StoreTreeDrafter)
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
 from selfspec.models.cache import new_cache
@@ -83,7 +84,7 @@ def test_the_tree_takes_the_store_where_nothing_is_copied_and_each_source_learns
     """The model's own greedy output as the store: where the context has no copy the store drafts, and is right; the
     output equals plain decoding; the store's policy learns from its drafts, the copier's from its copies."""
     prompts = [tokenizer(text).input_ids for text in ("Once upon a time", "def add(a, b):", "1, 2, 3,")]
-    outputs = [generate(tiny, ids, GREEDY).new_tokens for ids in prompts]
+    outputs = [generate(tiny, ids, GenerationOptions(GREEDY)).new_tokens for ids in prompts]
     store = TokenStore.of(outputs, tiny.get_output_embeddings().weight.shape[0])
     costs = DraftCosts(tuple(10.0 + 0.5 * q for q in range(16)), 0.0)
     skip = make_skip_set([1], [2], 6)
@@ -93,7 +94,7 @@ def test_the_tree_takes_the_store_where_nothing_is_copied_and_each_source_learns
                            StoreTreeDrafter(tiny, store, pinned(CostAwareExit(6, costs=costs)), nodes=6, depth=4,
                                             width=3, branch_below=0.6))
     for ids, plain in zip(prompts, outputs):
-        result = generate(tiny, ids, GREEDY, hybrid)
+        result = generate(tiny, ids, GenerationOptions(GREEDY), hybrid)
         assert result.new_tokens == plain
         sources = Counter(step.source for step in result.steps if step.accepted)
         assert sources["store"] > 0

@@ -14,7 +14,8 @@ from selfspec.decoding.draft_exit import CostAwareExit, DraftExit, ThresholdExit
 from selfspec.decoding.drafters import (Draft, GenerationContext, HybridDrafter, NgramTreeDrafter, SelfDrafter,
                                         SelfTreeDrafter, ngram_matches)
 from selfspec.decoding.drafters.ngram_tree import add_branch
-from selfspec.decoding.speculative import generate, prefill, speculative_step
+from selfspec.decoding.options import GenerationOptions
+from selfspec.decoding.speculative import Generation, generate
 from selfspec.decoding.strategies import make_strategy
 from selfspec.decoding.tree import forward_tree, tree_attention_mask
 from selfspec.errors import SelfspecError
@@ -22,7 +23,7 @@ from selfspec.models.cache import forward, new_cache
 from selfspec.models.tiny import tiny_model
 from selfspec.settings import SkipSet, default_settings, make_skip_set
 
-from helpers import assert_cache_holds, hf_greedy, pinned, run_settings
+from helpers import decode_checking_cache, hf_greedy, pinned, run_settings
 
 SAMPLING = default_settings().sampling  # the config's: greedy, 128 new tokens
 WINDOW = 8  # sliding window of the tiny Gemma models: shorter than every test sequence
@@ -105,7 +106,7 @@ def test_a_chain_shaped_tree_gives_the_chain_forwards_logits_past_the_sliding_wi
 
 
 def plain_output(model, prompt, n=30):
-    return generate(model, prompt, replace(SAMPLING, max_new_tokens=n)).new_tokens
+    return generate(model, prompt, GenerationOptions(replace(SAMPLING, max_new_tokens=n))).new_tokens
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +118,7 @@ def plain(model, tokenizer):
 def test_random_trees_keep_greedy_output_and_accept_deep_and_later_branches(model, prompt, plain):
     assert plain == hf_greedy(model, prompt, 30)  # our plain loop is the reference, past the sliding window too
     for seed in range(2):
-        result = generate(model, prompt, replace(SAMPLING, max_new_tokens=30),
+        result = generate(model, prompt, GenerationOptions(replace(SAMPLING, max_new_tokens=30)),
                           RandomTreeDrafter(prompt + plain, seed))
         assert result.new_tokens == plain, seed
         assert max(s.accepted for s in result.steps) >= 2
@@ -130,7 +131,8 @@ def test_eos_inside_a_branch_ends_the_output_there(model, prompt, plain):
     cut_inside = 0
     for seed in range(3):
         drafter = RandomTreeDrafter(prompt + plain, seed, p_true=0.9)
-        result = generate(model, prompt, replace(SAMPLING, max_new_tokens=30), drafter, end_ids=(eos,))
+        result = generate(model, prompt, GenerationOptions(replace(SAMPLING, max_new_tokens=30), end_ids=(eos,)),
+                          drafter)
         assert result.new_tokens == expected
         cut_inside += result.steps[-1].accepted >= result.steps[-1].emitted  # accepted drafts after EOS dropped
     assert cut_inside > 0
@@ -143,22 +145,15 @@ def test_max_new_tokens_cuts_a_branch_that_runs_past_it(model, prompt, plain):
             settings = replace(SAMPLING, max_new_tokens=n)
             for obey_depth in (False, True):
                 drafter = RandomTreeDrafter(prompt + plain, seed, obey_depth=obey_depth, p_true=0.9)
-                result = generate(model, prompt, settings, drafter)
+                result = generate(model, prompt, GenerationOptions(settings), drafter)
                 assert result.new_tokens == plain[:n]
                 cut_inside += bool(result.steps) and result.steps[-1].accepted >= result.steps[-1].emitted
     assert cut_inside > 0
 
 
 def test_cache_after_every_tree_step_equals_plain_decodings_cache(model, prompt, plain):
-    context = GenerationContext(new_cache(model, 80), replace(SAMPLING, max_new_tokens=30))
-    drafter = RandomTreeDrafter(prompt + plain, 0)
-    drafter.begin(context)
-    tokens = prompt + prefill(model, context, prompt)[0].tokens
-    while len(tokens) - len(prompt) < 30:
-        new = speculative_step(model, context, tokens, 30 - (len(tokens) - len(prompt)), drafter).tokens
-        tokens += new
-        assert_cache_holds(model, context.cache, tokens[:-1])  # the last token is fed by the next step
-    assert tokens[len(prompt):] == plain
+    options = GenerationOptions(replace(SAMPLING, max_new_tokens=30))
+    assert decode_checking_cache(model, prompt, options, RandomTreeDrafter(prompt + plain, 0)) == plain
 
 
 def test_tree_drafters_keep_greedy_output_for_several_skip_sets(model, tokenizer):
@@ -166,14 +161,14 @@ def test_tree_drafters_keep_greedy_output_for_several_skip_sets(model, tokenizer
     rng = random.Random(2)
     for settings, configs in ((replace(SAMPLING, max_new_tokens=20), 2),
                               (replace(SAMPLING, max_new_tokens=20, repetition_penalty=1.3), 1)):
-        plain = generate(model, prompt, settings).new_tokens
+        plain = generate(model, prompt, GenerationOptions(settings)).new_tokens
         for _ in range(configs):
             skip = make_skip_set(rng.sample(range(4), rng.randint(0, 2)), rng.sample(range(4), rng.randint(1, 2)), 4)
             nodes, depth, width = rng.randint(2, 8), rng.randint(1, 5), rng.randint(1, 3)
             tree = SelfTreeDrafter(model, skip, ThresholdExit(8, 0.3), None, nodes, depth, width, rng.random())
             ngram = NgramTreeDrafter(model, rng.randint(1, 3), nodes, depth, width)
             for drafter in (tree, ngram, HybridDrafter(ngram, tree)):
-                result = generate(model, prompt, settings, drafter)
+                result = generate(model, prompt, GenerationOptions(settings), drafter)
                 assert result.new_tokens == plain, (skip, nodes, depth, width, drafter)
                 assert all(s.tree_size <= nodes and s.tree_depth <= depth for s in result.steps)
 
@@ -181,8 +176,8 @@ def test_tree_drafters_keep_greedy_output_for_several_skip_sets(model, tokenizer
 def test_layer_skip_tree_branches_only_where_the_draft_is_unsure(prompt):
     model = tiny_model("llama", num_layers=4).double()
     skip = make_skip_set([1], [2], 4)
-    context = GenerationContext(new_cache(model, 64), replace(SAMPLING, max_new_tokens=30))
-    tokens = prompt + prefill(model, context, prompt)[0].tokens
+    generation = Generation(model, prompt, GenerationOptions(replace(SAMPLING, max_new_tokens=30)))
+    tokens, context = prompt + generation.start().tokens, generation.context
     chain = SelfDrafter(model, skip, DraftExit(4))
     never = SelfTreeDrafter(model, skip, DraftExit(4), nodes=12, depth=4, width=3, branch_below=0.0)
     always = SelfTreeDrafter(model, skip, DraftExit(4), nodes=12, depth=4, width=3, branch_below=1.0)
@@ -238,8 +233,8 @@ def test_tree_strategies_and_settings(prompt):
     settings = run_settings("draft.tree_nodes=5", "draft.tree_depth=3")
     plain = plain_output(model, prompt, 20)
     for name in ("prompt_lookup_tree", "self_spec_tree"):
-        strategy = make_strategy(name, model, replace(SAMPLING, max_new_tokens=20), (), SkipSet((1,), (2,)),
-                                 settings.draft)
+        strategy = make_strategy(name, model, GenerationOptions(replace(SAMPLING, max_new_tokens=20)),
+                                 skip=SkipSet((1,), (2,)), draft=settings.draft)
         result = strategy.generate(prompt)
         assert result.new_tokens == plain
         assert all(s.tree_size <= 5 and s.tree_depth <= 3 for s in result.steps)
@@ -289,7 +284,7 @@ def test_cost_shaped_trees_keep_greedy_output_under_random_costs(model, tokenize
     branched = set()
     for settings in (replace(SAMPLING, max_new_tokens=40),
                      replace(SAMPLING, max_new_tokens=24, repetition_penalty=1.3)):
-        plain = generate(model, prompt, settings).new_tokens
+        plain = generate(model, prompt, GenerationOptions(settings)).new_tokens
         for _ in range(2):
             verify_ms = (10.0, *(rng.uniform(9.0, 11.5) for _ in range(8)))  # c(q) ms, q = 1..9: dips and rises
             skip = make_skip_set(rng.sample(range(4), rng.randint(0, 2)), rng.sample(range(4), rng.randint(1, 2)), 4)
@@ -300,7 +295,7 @@ def test_cost_shaped_trees_keep_greedy_output_under_random_costs(model, tokenize
             ngram = NgramTreeDrafter(model, rng.randint(1, 3), nodes, depth, width,
                                      pinned(CostAwareExit(8, costs=DraftCosts(verify_ms, 0.0))))
             for drafter in (tree, ngram, HybridDrafter(ngram, tree)):
-                result = generate(model, prompt, settings, drafter)
+                result = generate(model, prompt, GenerationOptions(settings), drafter)
                 assert result.new_tokens == plain, (verify_ms, skip, nodes, depth, width, drafter)
                 assert all(s.tree_size <= nodes and s.tree_depth <= depth for s in result.steps)
                 branched |= {s.source for s in result.steps if s.tree_size > s.tree_depth}
@@ -312,8 +307,8 @@ def test_tree_strategies_take_the_hybrid_policy(prompt):
     for overrides, shaped in ((["draft.hybrid_policy=cost"], True), (["draft.hybrid_policy=null"], False),
                               (["draft=cost", "draft.hybrid_policy=null"], True)):
         draft = run_settings(*overrides).draft
-        lookup, hybrid = (make_strategy(name, model, replace(SAMPLING, max_new_tokens=8), (), SkipSet((1,), (2,)),
-                                        draft).drafter for name in ("prompt_lookup_tree", "self_spec_tree"))
+        lookup, hybrid = (make_strategy(name, model, GenerationOptions(replace(SAMPLING, max_new_tokens=8)),
+                                        skip=SkipSet((1,), (2,)), draft=draft).drafter for name in ("prompt_lookup_tree", "self_spec_tree"))
         assert isinstance(lookup.exit_policy, CostAwareExit) == shaped
         assert isinstance(hybrid.ngram.exit_policy, CostAwareExit) == shaped
         assert isinstance(hybrid.fallback.exit_policy, CostAwareExit) == shaped
@@ -331,8 +326,8 @@ def test_tree_strategies_past_a_model_wide_sliding_window_equal_plain():
     prompt = list(range(3, 40)) * 2  # repeats itself, so copies have matches; far past the window
     greedy = replace(SAMPLING, max_new_tokens=30)
     draft = replace(DEFAULT_DRAFT, hybrid_policy="fixed", max_tokens=3)
-    plain = generate(model, prompt, greedy).new_tokens
+    plain = generate(model, prompt, GenerationOptions(greedy)).new_tokens
     assert plain == hf_greedy(model, prompt, 30)
     for name in ("prompt_lookup_tree", "self_spec_tree"):
-        result = make_strategy(name, model, greedy, (), make_skip_set([1], [], 3), draft).generate(prompt)
+        result = make_strategy(name, model, GenerationOptions(greedy), skip=make_skip_set([1], [], 3), draft=draft).generate(prompt)
         assert result.new_tokens == plain and result.drafted > 0, name

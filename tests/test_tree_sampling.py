@@ -12,6 +12,7 @@ from selfspec.decoding.costs import DraftCosts
 from selfspec.decoding.draft_exit import CostAwareExit, DraftExit
 from selfspec.decoding.drafters import Draft, HybridDrafter, NgramTreeDrafter, SelfTreeDrafter, StoreTreeDrafter
 from selfspec.decoding.drafters.layer_skip_tree import branches
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import generate
 from selfspec.decoding.tree import verify_tree_sampled
 from selfspec.models.tiny import tiny_model
@@ -140,7 +141,7 @@ def tree_counts(drafter, prompt, n, seed):
     settings = replace(SAMPLING, temperature=1.0, top_k=3, max_new_tokens=3)
     gen, counts, branched = torch.Generator().manual_seed(seed), defaultdict(int), set()
     for _ in range(n):
-        result = generate(MODEL, prompt, settings, drafter, generator=gen)
+        result = generate(MODEL, prompt, GenerationOptions(settings, generator=gen), drafter)
         counts[tuple(result.new_tokens[1:3])] += 1
         branched |= {s.source for s in result.steps if s.tree_size > s.tree_depth}
     return counts, branched
@@ -166,7 +167,7 @@ def test_sampled_tree_verification_matches_plain_sampling_and_a_broken_rule_fail
     cost_tree = SelfTreeDrafter(MODEL, skip, CostAwareExit(2, costs=costs), nodes=6, depth=2, width=2)
     samples = replace(SAMPLING, temperature=1.0, top_k=3, max_new_tokens=4)
     gen = torch.Generator().manual_seed(5)
-    store = TokenStore.of([generate(MODEL, [5, 40, 77], samples, generator=gen).new_tokens for _ in range(40)],
+    store = TokenStore.of([generate(MODEL, [5, 40, 77], GenerationOptions(samples, generator=gen)).new_tokens for _ in range(40)],
                           MODEL.get_output_embeddings().weight.shape[0])
     drafter, prompt, sources = {"self_tree": (skip_tree, [5, 40, 77], {"model"}),
                                 "hybrid_tree": (HybridDrafter(NgramTreeDrafter(MODEL, 2, 6, 2, 3), skip_tree),

@@ -8,6 +8,7 @@ import torch
 from transformers import BloomConfig, BloomForCausalLM, GPTJConfig, GPTJForCausalLM
 
 from selfspec.api.decoder import DEFAULT_DRAFT, DEFAULT_SAMPLING
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import generate
 from selfspec.decoding.strategies import NAMES, make_strategy
 from selfspec.errors import SelfspecError
@@ -46,11 +47,12 @@ def test_a_model_of_another_layout_is_refused_by_every_entry_point_in_one_line(b
             pass
     one_line_naming_the_supported_families(err, name)
     with pytest.raises(SelfspecError) as err:
-        generate(model, [5, 6, 7], GREEDY)
+        generate(model, [5, 6, 7], GenerationOptions(GREEDY))
     one_line_naming_the_supported_families(err, name)
     for strategy in [n for n in NAMES if not n.startswith("hf_") or n == "hf_early_exit"]:
         with pytest.raises(SelfspecError) as err:
-            make_strategy(strategy, model, GREEDY, (2,), SkipSet(attn=(0,)), DRAFT, draft_model=model)
+            make_strategy(strategy, model, GenerationOptions(GREEDY, end_ids=(2,)), skip=SkipSet(attn=(0,)),
+                          draft=DRAFT, draft_model=model)
         one_line_naming_the_supported_families(err, name)
 
 
@@ -65,7 +67,8 @@ def test_a_checkpoint_of_another_layout_is_refused_at_load(tmp_path):
 
 @pytest.mark.parametrize("name", ["plain", "self_spec", "hf_generate"])
 def test_a_batch_of_prompts_ends_in_one_line_and_a_batch_of_one_decodes_like_a_list(tiny, prompt, name):
-    strategy = make_strategy(name, tiny, GREEDY, (2,), SkipSet(attn=(1,)), DRAFT)
+    strategy = make_strategy(name, tiny, GenerationOptions(GREEDY, end_ids=(2,)), skip=SkipSet(attn=(1,)),
+                             draft=DRAFT)
     for batch in ([prompt, prompt], torch.tensor([prompt, prompt])):
         with pytest.raises(SelfspecError, match=r"^a batch of 2 prompts was given; decoding takes one prompt at a "
                                                 r"time \(batch size 1\)"):
@@ -84,4 +87,4 @@ def test_a_batch_of_prompts_ends_in_one_line_and_a_batch_of_one_decodes_like_a_l
 ])
 def test_a_prompt_that_is_not_token_ids_ends_in_one_line(tiny, prompt, message):
     with pytest.raises(SelfspecError, match=message):
-        generate(tiny, prompt, GREEDY)
+        generate(tiny, prompt, GenerationOptions(GREEDY))

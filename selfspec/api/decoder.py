@@ -1,11 +1,12 @@
-"""The Python API: self-speculative decoding over a transformers model and tokenizer that the caller already loaded.
+"""The Python API: self-speculative decoding over a transformers model.
 
-    decoder = SelfSpeculativeDecoder(model, tokenizer, skip={"attn": [3, 5], "mlp": [4]})
+    decoder = SelfSpeculativeDecoder.from_pretrained("smollm2")  # an embedded model, its shipped drafts
     reply = decoder.generate([{"role": "user", "content": "Hi"}], max_new_tokens=64)
     print(reply.text, reply.stats.acceptance_rate)
     for chunk in decoder.stream("def fib(n):"): print(chunk.text, end="")
 
-It builds the same `Strategy` (decoding/strategies.py) that run.py, the benchmark and the search decode with.
+`SelfSpeculativeDecoder(model, tokenizer, skip=...)` wraps a model the caller loaded. Either way it builds the
+same `Strategy` (decoding/strategies.py) that run.py, the benchmark and the search decode with.
 """
 
 import dataclasses
@@ -18,17 +19,19 @@ import torch
 
 from selfspec.api.streaming import Chunk, DecodingStats, interleaved, row_steps, stream_chunks
 from selfspec.data.prompt_sets import as_token_ids, calibration_texts
+from selfspec.decoding.options import GenerationOptions
+from selfspec.decoding.results import Emitted, TokenLogprob
 from selfspec.decoding.strategies import REGISTRY, Strategy, cost_meter, make_strategy
 from selfspec.decoding.text_rules import text_rules
-from selfspec.decoding.verify import Emitted, TokenLogprob
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import output_device
 from selfspec.models.draft_head import DraftHead, make_draft_head
-from selfspec.models.loading import model_end_ids
+from selfspec.models.loading import load_model, model_end_ids
 from selfspec.models.layouts import num_layers
 from selfspec.models.skip_config import resolve_skip
 from selfspec.settings import (DraftSettings, KangarooSettings, SamplingSettings, SkipSet, SkipSettings,
                                default_settings, named)
+from selfspec.settings.typed import CONF
 
 # The config's defaults, as `python run.py` runs with no overrides (default_settings): the sampling settings (greedy,
 # 128 new tokens) of callers that give none, and the draft options (the adaptive draft exit) as a model without draft
@@ -41,6 +44,29 @@ STRATEGIES = tuple(name for name, spec in REGISTRY.items() if not spec.hf_baseli
 
 Prompt = str | list[dict] | list[int]  # raw text | chat messages ({"role", "content"}) | token ids
 SkipSpec = SkipSet | SkipSettings | dict | str | Path | None  # {"attn": [...], "mlp": [...]} or a best_skip.yaml
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a caller may ask of a generation: `generate`, `stream` and `job` take these fields as keywords."""
+    max_new_tokens: int = DEFAULT_SAMPLING.max_new_tokens
+    temperature: float = DEFAULT_SAMPLING.temperature  # 0: greedy
+    top_p: float = DEFAULT_SAMPLING.top_p
+    top_k: int = DEFAULT_SAMPLING.top_k
+    repetition_penalty: float = DEFAULT_SAMPLING.repetition_penalty
+    seed: int | None = None  # None: torch's global generator; a batch's row i samples from seed + i
+    stop: Sequence[str] = ()  # the output ends before the first of these
+    banned_words: Sequence[str] = ()  # words the output may not contain (decoding rolls back where one completes)
+    case_sensitive: bool = DEFAULT_CONSTRAINTS.case_sensitive
+    logprobs: int | None = None  # each token's log-probability and this many alternatives (at most 20)
+
+    @classmethod
+    def of(cls, fields: dict) -> "Request":
+        allowed = [f.name for f in dataclasses.fields(cls)]
+        unknown = [name for name in fields if name not in allowed]
+        if unknown:
+            raise SelfspecError(f"{unknown[0]} is not an option of generate; allowed: {', '.join(allowed)}")
+        return cls(**fields)
 
 
 @dataclass
@@ -56,17 +82,19 @@ class Completion:
 
 @dataclass
 class Job:
-    """One generation, set up: its prompt's token ids, its strategy (sampling settings and text rules, with the
-    strategy's drafter for batch size 1), its random generator (None: torch's global one) and how many
-    alternatives each token's log-probability comes with (None: no log-probabilities)."""
+    """One generation, set up: its prompt's token ids and its strategy, whose options carry the request's sampling,
+    text rules and log-probabilities; `generator` samples (None: torch's global one)."""
     ids: list[int]
     strategy: Strategy
     generator: torch.Generator | None
-    logprobs: int | None
+
+    @property
+    def options(self) -> GenerationOptions:
+        return dataclasses.replace(self.strategy.options, generator=self.generator)
 
     def steps(self) -> Iterator[Emitted]:
         """Decode alone (batch size 1): what the prefill emitted, then what each verification emitted."""
-        return self.strategy.steps(self.ids, self.generator, self.logprobs)
+        return self.strategy.steps(self.ids, self.generator)
 
 
 class SelfSpeculativeDecoder:
@@ -94,19 +122,30 @@ class SelfSpeculativeDecoder:
             searched_draft = (searched_skip, heads(searched_vocab) if searched_vocab else None)
         self.model, self.tokenizer, self.name = model, tokenizer, strategy
         self.end_ids = model_end_ids(model, tokenizer)
-        self._make = partial(make_strategy, strategy, model, end_ids=self.end_ids, skip=skip_set,
-                             draft=draft, draft_model=draft_model, draft_head=heads(vocab) if vocab else None,
-                             kangaroo=kangaroo, searched=searched_draft,
+        self._make = partial(make_strategy, strategy, model, skip=skip_set, draft=draft, draft_model=draft_model,
+                             draft_head=heads(vocab) if vocab else None, kangaroo=kangaroo, searched=searched_draft,
                              costs=cost_meter(model, draft))  # greedy and sampled share the measured costs
+        self._options = GenerationOptions(DEFAULT_SAMPLING, self.end_ids, target_gate=draft.target_gate)
         self._strategies: dict[bool, Strategy] = {}
         self.strategy(DEFAULT_SAMPLING)  # a bad combination fails here, not at the first request
+
+    @classmethod
+    def from_pretrained(cls, model: str, strategy: str = "self_spec_tree") -> "SelfSpeculativeDecoder":
+        """`model` loaded as run.py loads it, with its config's skip set and drafts: an option of conf/model/
+        (smollm2, gemma3_270m: their shipped skip set, feature head and token store), else a local folder or a hub
+        id (`model=hf model.path=<model>`)."""
+        embedded = (CONF / "model" / f"{model}.yaml").is_file()
+        settings = default_settings(*([f"model={model}"] if embedded else ["model=hf", f"model.path={model}"]))
+        loaded = load_model(settings.model)
+        return cls(loaded.model, loaded.tokenizer, settings.skip, settings.draft, strategy)
 
     def strategy(self, sampling: SamplingSettings) -> Strategy:
         """The Strategy decoding with `sampling`; one per mode (greedy or sampled), so a draft-exit policy keeps
         adapting across calls as across a benchmark's prompts."""
         if sampling.greedy not in self._strategies:
-            self._strategies[sampling.greedy] = self._make(settings=sampling)
-        return dataclasses.replace(self._strategies[sampling.greedy], settings=sampling)
+            self._strategies[sampling.greedy] = self._make(dataclasses.replace(self._options, sampling=sampling))
+        strategy = self._strategies[sampling.greedy]
+        return dataclasses.replace(strategy, options=dataclasses.replace(strategy.options, sampling=sampling))
 
     def encode(self, prompt: Prompt) -> list[int]:
         """Token ids: raw text as is; chat messages through the tokenizer's chat template (as run.py's chat
@@ -124,67 +163,51 @@ class SelfSpeculativeDecoder:
             raise SelfspecError("prompt encodes to no tokens; give some text")
         return ids
 
-    def stream(self, prompt: Prompt | list[Prompt], max_new_tokens: int = DEFAULT_SAMPLING.max_new_tokens,
-               temperature: float = DEFAULT_SAMPLING.temperature, top_p: float = DEFAULT_SAMPLING.top_p,
-               top_k: int = DEFAULT_SAMPLING.top_k, repetition_penalty: float = DEFAULT_SAMPLING.repetition_penalty,
-               seed: int | None = None, stop: Sequence[str] = (), banned_words: Sequence[str] = (),
-               case_sensitive: bool = DEFAULT_CONSTRAINTS.case_sensitive, logprobs: int | None = None
-               ) -> Iterator[Chunk] | Iterator[tuple[int, Chunk]]:
-        """One Chunk per verification step (its accepted tokens, their text and sources, the stats so far), then
-        a last one with the finish reason. Stopping the iteration stops the generation at the next step.
-        `banned_words`: words the output may not contain (decoding rolls back where one completes); `logprobs=N`:
-        each token's log-probability under the full model and its N most likely alternatives (N <= 20).
-        A list of prompts (texts, chat conversations or token-id lists, one kind) decodes as one batch
-        (decoding/batch.py): (prompt index, Chunk) pairs as the rows' steps come; with `seed`, row i samples
-        from seed + i."""
-        options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                       repetition_penalty=repetition_penalty, stop=stop, banned_words=banned_words,
-                       case_sensitive=case_sensitive, logprobs=logprobs)
+    def stream(self, prompt: Prompt | list[Prompt], **request) -> Iterator[Chunk] | Iterator[tuple[int, Chunk]]:
+        """One Chunk per verification step (its accepted tokens, their text and sources, the stats so far), then a
+        last one with the finish reason; `request`: the fields of `Request`. Stopping the iteration stops the
+        generation at the next step. A list of prompts (texts, chat conversations or token-id lists, one kind)
+        decodes as one batch (decoding/batch.py): (prompt index, Chunk) pairs as the rows' steps come."""
         if not is_batch(prompt):
-            job = self.job(prompt, seed=seed, **options)
+            job = self.job(prompt, **request)
             return self.chunks(job.steps(), job)
-        jobs = [self.job(p, seed=None if seed is None else seed + i, **options)
+        seed = request.pop("seed", None)
+        jobs = [self.job(p, seed=None if seed is None else seed + i, **request)
                 for i, p in enumerate(check_batch(prompt))]
-        steps = jobs[0].strategy.batch_steps([job.ids for job in jobs], [job.generator for job in jobs], logprobs)
+        steps = jobs[0].strategy.batch_steps([job.ids for job in jobs], [job.generator for job in jobs])
         return interleaved([self.chunks(row, job) for row, job in zip(row_steps(steps, len(jobs)), jobs)])
 
-    def job(self, prompt: Prompt, max_new_tokens: int = DEFAULT_SAMPLING.max_new_tokens,
-            temperature: float = DEFAULT_SAMPLING.temperature, top_p: float = DEFAULT_SAMPLING.top_p,
-            top_k: int = DEFAULT_SAMPLING.top_k, repetition_penalty: float = DEFAULT_SAMPLING.repetition_penalty,
-            seed: int | None = None, stop: Sequence[str] = (), banned_words: Sequence[str] = (),
-            case_sensitive: bool = DEFAULT_CONSTRAINTS.case_sensitive, logprobs: int | None = None) -> "Job":
+    def job(self, prompt: Prompt, **request) -> Job:
         """What `stream` decodes, set up and checked but not started (a server's batch runs it: serve/batcher.py)."""
+        asked = Request.of(request)
         ids = self.encode(prompt)
-        if logprobs is not None and not 0 <= logprobs <= MAX_TOP_LOGPROBS:
-            raise SelfspecError(f"logprobs={logprobs} is not allowed; allowed: 0..{MAX_TOP_LOGPROBS}")
-        sampling = SamplingSettings(temperature, top_k, top_p, repetition_penalty, max_new_tokens, tuple(stop))
-        rules = text_rules(self.model, self.tokenizer, banned_words, case_sensitive, sampling.stop)
+        if asked.logprobs is not None and not 0 <= asked.logprobs <= MAX_TOP_LOGPROBS:
+            raise SelfspecError(f"logprobs={asked.logprobs} is not allowed; allowed: 0..{MAX_TOP_LOGPROBS}")
+        sampling = SamplingSettings(asked.temperature, asked.top_k, asked.top_p, asked.repetition_penalty,
+                                    asked.max_new_tokens, tuple(asked.stop))
+        rules = text_rules(self.model, self.tokenizer, asked.banned_words, asked.case_sensitive, sampling.stop)
+        strategy = self.strategy(sampling)
+        options = dataclasses.replace(strategy.options, rules=rules, top_logprobs=asked.logprobs)
+        seed = asked.seed
         generator = torch.Generator(output_device(self.model)).manual_seed(seed) if seed is not None else None
-        return Job(ids, dataclasses.replace(self.strategy(sampling), rules=rules), generator, logprobs)
+        return Job(ids, dataclasses.replace(strategy, options=options), generator)
 
-    def chunks(self, steps: Iterator[Emitted], job: "Job") -> Iterator[Chunk]:
+    def chunks(self, steps: Iterator[Emitted], job: Job) -> Iterator[Chunk]:
         """`job`'s Chunks over `steps`, what its generation emits (its own `steps()`, or its row of a batch)."""
-        return stream_chunks(steps, self.tokenizer, self.end_ids, job.strategy.rules)
+        return stream_chunks(steps, self.tokenizer, self.end_ids, job.strategy.options.rules)
 
-    def generate(self, prompt: Prompt | list[Prompt], max_new_tokens: int = DEFAULT_SAMPLING.max_new_tokens,
-                 temperature: float = DEFAULT_SAMPLING.temperature, top_p: float = DEFAULT_SAMPLING.top_p,
-                 top_k: int = DEFAULT_SAMPLING.top_k, repetition_penalty: float = DEFAULT_SAMPLING.repetition_penalty,
-                 seed: int | None = None, stop: Sequence[str] = (), banned_words: Sequence[str] = (),
-                 case_sensitive: bool = DEFAULT_CONSTRAINTS.case_sensitive, logprobs: int | None = None
-                 ) -> Completion | list[Completion]:
-        """The whole reply (see `stream` for the arguments): greedy by default, lossless for every strategy; for a
-        list of prompts, one Completion per prompt, decoded together."""
-        options = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
-                       repetition_penalty=repetition_penalty, seed=seed, stop=stop, banned_words=banned_words,
-                       case_sensitive=case_sensitive, logprobs=logprobs)
+    def generate(self, prompt: Prompt | list[Prompt], **request) -> Completion | list[Completion]:
+        """The whole reply (`request`: the fields of `Request`): greedy by default, lossless for every strategy; for
+        a list of prompts, one Completion per prompt, decoded together."""
+        with_logprobs = request.get("logprobs") is not None
         if not is_batch(prompt):
             ids = self.encode(prompt)
-            return completion(self.stream(ids, **options), len(ids), logprobs is not None)
+            return completion(self.stream(ids, **request), len(ids), with_logprobs)
         ids = [self.encode(p) for p in check_batch(prompt)]
         chunks = [[] for _ in ids]
-        for row, chunk in self.stream(ids, **options):
+        for row, chunk in self.stream(ids, **request):
             chunks[row].append(chunk)
-        return [completion(iter(row), len(row_ids), logprobs is not None) for row, row_ids in zip(chunks, ids)]
+        return [completion(iter(row), len(row_ids), with_logprobs) for row, row_ids in zip(chunks, ids)]
 
     def _chat_ids(self, messages: list[dict]) -> list[int]:
         for index, message in enumerate(messages):

@@ -13,9 +13,8 @@ import dataclasses
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 
-from selfspec.decoding.results import StepRecord
+from selfspec.decoding.results import Emitted, StepRecord, TokenLogprob
 from selfspec.decoding.text_rules import TextRules
-from selfspec.decoding.verify import Emitted, TokenLogprob
 from selfspec.timing import clock
 
 VERIFIED = "verified"

@@ -17,17 +17,15 @@ from dataclasses import replace
 import torch
 
 from selfspec.decoding.drafters import Drafter, DraftForward
-from selfspec.decoding.results import GenerationResult
-from selfspec.decoding.speculative import Generation, Tally, needed_length
-from selfspec.decoding.text_rules import TextRules
-from selfspec.decoding.verify import Emitted, Proposal
+from selfspec.decoding.results import Emitted, GenerationResult
+from selfspec.decoding.options import GenerationOptions
+from selfspec.decoding.speculative import Generation, Proposal, Tally, needed_length
 from selfspec.errors import SelfspecError
 from selfspec.models.attention_masks import chain
 from selfspec.models.batch_cache import BatchCache, forward_batch, forward_rows_hidden
 from selfspec.models.devices import output_device
 from selfspec.models.output_layer import model_logits
 from selfspec.models.skip import skipping
-from selfspec.settings import SamplingSettings
 from selfspec.timing import clock
 
 
@@ -46,16 +44,12 @@ class DecodingBatch:
     def full(self) -> bool:
         return len(self.rows) == self.cache.capacity
 
-    def add(self, prompt: list[int], settings: SamplingSettings, drafter: Drafter | None = None,
-            end_ids: tuple[int, ...] = (), generator: torch.Generator | None = None,
-            target_gate: float | None = None, rules: TextRules | None = None,
-            top_logprobs: int | None = None) -> Generation:
+    def add(self, prompt: list[int], options: GenerationOptions, drafter: Drafter | None = None) -> Generation:
         """A new generation joins. Its prefill runs in the next `step`'s forward, beside the other rows'
         verifications, and that step emits its first token."""
         if self.full:
             raise SelfspecError(f"the batch is full ({self.cache.capacity} generations)")
-        generation = Generation(self.model, prompt, settings, drafter, end_ids, generator, target_gate, rules,
-                                top_logprobs, cache=self.cache.view(len(self.rows)))
+        generation = Generation(self.model, prompt, options, drafter, cache=self.cache.view(len(self.rows)))
         generation.begin()
         self.rows.append(generation)
         self.joining.add(generation)
@@ -85,7 +79,7 @@ class DecodingBatch:
         """Every row's proposal, None for a joining row (its prefill is its block). The rows whose drafters draft
         with the same skip set run their draft forwards together, one packed forward a draft token (DraftForward);
         one skip set's rows draft to the end before another's start."""
-        steps = {row: generation.propose(in_batch=True) for row, generation in enumerate(self.rows)
+        steps = {row: generation.propose_steps() for row, generation in enumerate(self.rows)
                  if generation not in self.joining}
         pending: dict[int, DraftForward] = {}  # row -> its next draft forward
         proposals: list[Proposal | None] = [None] * len(self.rows)
@@ -124,20 +118,19 @@ class DecodingBatch:
         self.joining.discard(generation)
 
 
-def batch_length(prompts: list[list[int]], settings: SamplingSettings, drafters: list[Drafter | None]) -> int:
+def batch_length(prompts: list[list[int]], options: GenerationOptions, drafters: list[Drafter | None]) -> int:
     """Cache positions per row for these prompts: the longest prompt and output, then the widest verify block."""
     widest = max((drafter.max_tokens for drafter in drafters if drafter is not None), default=0)
-    return needed_length(max(map(len, prompts)), settings, widest)
+    return needed_length(max(map(len, prompts)), options.sampling, widest)
 
 
-def decode_batch_steps(model, prompts: list[list[int]], settings: SamplingSettings,
-                       drafters: list[Drafter | None] | None = None, end_ids: tuple[int, ...] = (),
-                       generators: list[torch.Generator | None] | None = None, target_gate: float | None = None,
-                       rules: TextRules | None = None, top_logprobs: int | None = None, rows: int | None = None
+def decode_batch_steps(model, prompts: list[list[int]], options: GenerationOptions,
+                       drafters: list[Drafter | None] | None = None,
+                       generators: list[torch.Generator | None] | None = None, rows: int | None = None
                        ) -> Iterator[tuple[int, Emitted]]:
-    """Decode `prompts` in a batch of `rows` rows (None: all together), one generator per prompt; yields (prompt
-    index, what it emitted) as decode_steps does for one prompt, each prompt's prefill first (in the step it
-    joins). `drafters`: one per row (None: plain decoding). With fewer rows than prompts the batch starts with the
+    """Decode `prompts` in a batch of `rows` rows (None: all together), prompt i sampling from `generators[i]`
+    (None: options.generator); yields (prompt index, what it emitted) as decode_steps does for one prompt, each
+    prompt's prefill first (in the step it joins). `drafters`: one per row (None: plain decoding). With fewer rows than prompts the batch starts with the
     first prompts, and as a row ends the next prompt joins in its place, with its drafter (decoding as a server
     batches, never with an idle row while prompts wait)."""
     if not prompts:
@@ -146,15 +139,14 @@ def decode_batch_steps(model, prompts: list[list[int]], settings: SamplingSettin
     free = list(drafters or [None] * rows)  # the drafters of the rows no generation holds
     if len(free) != rows:
         raise SelfspecError(f"{len(free)} drafters for a batch of {rows} rows: give one per row")
-    generators = generators or [None] * len(prompts)
-    batch = DecodingBatch(model, rows, batch_length(prompts, settings, free))
+    generators = generators or [options.generator] * len(prompts)
+    batch = DecodingBatch(model, rows, batch_length(prompts, options, free))
     holder: dict[Generation, tuple[int, Drafter | None]] = {}  # a generation in the batch -> (prompt, drafter)
     waiting = deque(range(len(prompts)))
     while waiting or batch.rows:
         while waiting and not batch.full:  # free rows take the next prompts
             index, drafter = waiting.popleft(), free.pop(0)
-            generation = batch.add(prompts[index], settings, drafter, end_ids, generators[index], target_gate, rules,
-                                   top_logprobs)
+            generation = batch.add(prompts[index], replace(options, generator=generators[index]), drafter)
             holder[generation] = index, drafter
         for generation, emitted in batch.step():
             yield holder[generation][0], emitted
@@ -162,22 +154,21 @@ def decode_batch_steps(model, prompts: list[list[int]], settings: SamplingSettin
                 free.append(holder.pop(generation)[1])
 
 
-def generate_batch(model, prompts: list[list[int]], settings: SamplingSettings,
-                   drafters: list[Drafter | None] | None = None, end_ids: tuple[int, ...] = (),
-                   generators: list[torch.Generator | None] | None = None, target_gate: float | None = None,
-                   rules: TextRules | None = None, rows: int | None = None) -> list[GenerationResult]:
+def generate_batch(model, prompts: list[list[int]], options: GenerationOptions,
+                   drafters: list[Drafter | None] | None = None,
+                   generators: list[torch.Generator | None] | None = None, rows: int | None = None
+                   ) -> list[GenerationResult]:
     """`generate` for several prompts in a batch of `rows` (decode_batch_steps): one result per prompt, each timed
     from just before its prefill to the step that ended it, with the prompts it shared the batch with."""
     device = output_device(model)
     tallies: dict[int, Tally] = {}
     spans: dict[int, list[int]] = {}  # prompt -> [its first event, its last event]
-    for event, (i, emitted) in enumerate(decode_batch_steps(model, prompts, settings, drafters, end_ids,
-                                                            generators, target_gate, rules, rows=rows)):
+    for event, (i, emitted) in enumerate(decode_batch_steps(model, prompts, options, drafters, generators, rows)):
         if i not in tallies:  # its prefill, in the step that began at `emitted.began`
             tallies[i], spans[i] = Tally(emitted.began), [event, event]
         tallies[i].add(emitted, clock(device))
         spans[i][1] = event
-    results = [tallies[i].result(end_ids) for i in range(len(prompts))]
+    results = [tallies[i].result(options.end_ids) for i in range(len(prompts))]
     for i, result in enumerate(results):
         result.batch_neighbours = [j for j in range(len(prompts))
                                    if j != i and spans[j][0] <= spans[i][1] and spans[i][0] <= spans[j][1]]

@@ -20,11 +20,12 @@ from transformers.generation.streamers import BaseStreamer
 from selfspec.decoding.prompt_ids import single_prompt
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
 from selfspec.decoding.results import GenerationResult, StepRecord
+from selfspec.decoding.options import GenerationOptions
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import input_device
 from selfspec.models.packed_linear import unpacked_copy
 from selfspec.models.layouts import num_layers, require_hf_assisted
-from selfspec.settings import SamplingSettings, default_settings
+from selfspec.settings import default_settings
 from selfspec.timing import clock
 
 HF_STRATEGIES = ("hf_generate", "hf_generate_stock", "hf_prompt_lookup", "hf_early_exit", "hf_assistant")
@@ -36,8 +37,7 @@ class HFStrategy:
     """`model.generate` with our settings; assisted if prompt_lookup_tokens, early_exit_layer or draft_model is set."""
     name: str
     model: object
-    settings: SamplingSettings
-    end_ids: tuple[int, ...]  # any of them ends generation (LoadedModel.end_ids)
+    options: GenerationOptions  # sampling and end ids; HF's generate has no banned words or log-probabilities
     num_assistant_tokens: int  # most draft tokens per step (early exit, draft model)
     confidence_threshold: float  # stop drafting below this draft probability; 0 = fixed length
     prompt_lookup_tokens: int | None = None
@@ -69,15 +69,17 @@ class HFStrategy:
         prefill_s = 0.0
         if streamer is not None:  # times[0]: the prompt, [1]: the prefill's token, then one per forward
             prefill_s = streamer.times[1] - start
-            steps = [StepRecord(0, 0, 1, 0.0, 0.0, b - a) for a, b in zip(streamer.times[1:], streamer.times[2:])]
-        finish = "stop" if new_tokens and new_tokens[-1] in self.end_ids else "length"
-        return GenerationResult(new_tokens, elapsed_s, prefill_s, steps, finish_reason=finish)
+            steps = [StepRecord(drafted=0, accepted=0, emitted=1, threshold=0.0, draft_s=0.0, verify_s=b - a)
+                     for a, b in zip(streamer.times[1:], streamer.times[2:])]
+        finish = "stop" if new_tokens and new_tokens[-1] in self.options.end_ids else "length"
+        return GenerationResult(new_tokens=new_tokens, elapsed_s=elapsed_s, prefill_s=prefill_s, steps=steps,
+                                finish_reason=finish)
 
     def _generate_kwargs(self) -> dict:
-        s = self.settings
+        s, end_ids = self.options.sampling, self.options.end_ids
         pad = self.model.generation_config.pad_token_id
-        kwargs = dict(max_new_tokens=s.max_new_tokens, eos_token_id=list(self.end_ids) or None,
-                      pad_token_id=pad if pad is not None else (self.end_ids or (0,))[0],
+        kwargs = dict(max_new_tokens=s.max_new_tokens, eos_token_id=list(end_ids) or None,
+                      pad_token_id=pad if pad is not None else (end_ids or (0,))[0],
                       do_sample=not s.greedy, repetition_penalty=s.repetition_penalty)
         if not s.greedy:
             kwargs.update(temperature=s.temperature, top_k=s.top_k, top_p=s.top_p)
@@ -90,7 +92,7 @@ class HFStrategy:
         return kwargs
 
 
-def make_hf_strategy(name: str, model, settings: SamplingSettings, end_ids: tuple[int, ...], draft_model=None,
+def make_hf_strategy(name: str, model, options: GenerationOptions, draft_model=None,
                      early_exit_layer: int | None = None, num_assistant_tokens: int | None = None,
                      confidence_threshold: float | None = None) -> HFStrategy:
     """One of HF_STRATEGIES; early_exit_layer None means 3/4 of the model's layers, num_assistant_tokens and
@@ -107,11 +109,11 @@ def make_hf_strategy(name: str, model, settings: SamplingSettings, end_ids: tupl
         raise SelfspecError(f"confidence_threshold={confidence_threshold} is outside [0, 1); 0 drafts a fixed length")
     common = dict(num_assistant_tokens=num_assistant_tokens, confidence_threshold=confidence_threshold)
     if name == "hf_generate":
-        return HFStrategy(name, model, settings, end_ids, **common)
+        return HFStrategy(name, model, options, **common)
     if name == "hf_generate_stock":  # a copy with dense linears, made once per strategy; `model` stays packed
-        return HFStrategy(name, unpacked_copy(model), settings, end_ids, **common)
+        return HFStrategy(name, unpacked_copy(model), options, **common)
     if name == "hf_prompt_lookup":
-        return HFStrategy(name, model, settings, end_ids, prompt_lookup_tokens=PROMPT_LOOKUP_TOKENS, **common)
+        return HFStrategy(name, model, options, prompt_lookup_tokens=PROMPT_LOOKUP_TOKENS, **common)
     if name in ("hf_early_exit", "hf_assistant"):
         require_hf_assisted(model, name)
     if name == "hf_early_exit":
@@ -119,15 +121,15 @@ def make_hf_strategy(name: str, model, settings: SamplingSettings, end_ids: tupl
         layer = early_exit_layer if early_exit_layer is not None else max(1, 3 * layers // 4)
         if not 1 <= layer <= layers:
             raise SelfspecError(f"early_exit_layer={layer} is outside 1..{layers} (the model's layers)")
-        return HFStrategy(name, model, settings, end_ids, early_exit_layer=layer, **common)
+        return HFStrategy(name, model, options, early_exit_layer=layer, **common)
     if draft_model is None:
         raise SelfspecError("strategy hf_assistant needs a draft model: set draft_model=<option>, "
                             "e.g. draft_model=smollm2")
-    return HFStrategy(name, model, settings, end_ids, draft_model=draft_model, **common)
+    return HFStrategy(name, model, options, draft_model=draft_model, **common)
 
 
 def build_hf_strategy(name: str, inputs: StrategyInputs) -> HFStrategy:
-    return make_hf_strategy(name, inputs.model, inputs.settings, inputs.end_ids, inputs.draft_model,
+    return make_hf_strategy(name, inputs.model, inputs.options, inputs.draft_model,
                             **(vars(inputs.hf) if inputs.hf else {}))
 
 
@@ -173,8 +175,9 @@ def _recording_steps(model, steps: list[StepRecord], threshold: float):
 
         def recorded_update(input_ids, scores, num_matches):
             accepted = int(num_matches)
-            steps.append(StepRecord(last["drafted"], accepted, accepted + 1, threshold, last["draft_s"],
-                                    clock(input_ids.device) - last["t1"]))
+            steps.append(StepRecord(drafted=last["drafted"], accepted=accepted, emitted=accepted + 1,
+                                    threshold=threshold, draft_s=last["draft_s"],
+                                    verify_s=clock(input_ids.device) - last["t1"]))
             return update(input_ids, scores, num_matches)
 
         candidates.get_candidates, candidates.update_candidate_strategy = timed_get_candidates, recorded_update

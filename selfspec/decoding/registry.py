@@ -10,19 +10,19 @@ from dataclasses import dataclass, replace
 
 from selfspec.decoding.costs import CostMeter, DraftCosts
 from selfspec.decoding.draft_exit import CostAwareExit, DraftExit, make_exit_policy
+from selfspec.decoding.options import GenerationOptions
 from selfspec.errors import SelfspecError
 from selfspec.models.draft_head import DraftHead
 from selfspec.models.feature_head import FeatureHead, loaded_feature_head
 from selfspec.models.token_store import TokenStore, loaded_token_store
-from selfspec.settings import DraftSettings, HFSettings, KangarooSettings, SamplingSettings, SkipSet
+from selfspec.settings import DraftSettings, HFSettings, KangarooSettings, SkipSet
 
 
 @dataclass(frozen=True)
 class StrategyInputs:
     """Everything a strategy may be built from (make_strategy's arguments), so every builder takes one argument."""
     model: object
-    settings: SamplingSettings
-    end_ids: tuple[int, ...]  # any of them ends generation (LoadedModel.end_ids)
+    options: GenerationOptions
     skip: SkipSet  # the layer-skip draft's
     draft: DraftSettings
     costs: CostMeter  # measured on first use, shared by the strategies of a run
@@ -62,7 +62,7 @@ class StrategyInputs:
 
     def make_exit_policy(self, policy: str, costs: DraftCosts | None, max_tokens: int | None = None) -> DraftExit:
         """A fresh `policy`; the cost-aware one needs the drafter's `costs` (a row's, in a batch of costs.rows)."""
-        return make_exit_policy(self.draft, self.settings.greedy, policy, costs, max_tokens, self.costs.rows)
+        return make_exit_policy(self.draft, self.options.sampling.greedy, policy, costs, max_tokens, self.costs.rows)
 
     def require_feature_head(self, strategy: str) -> None:
         if self.feature_head is None:

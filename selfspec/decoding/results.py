@@ -1,4 +1,4 @@
-"""What one generation produced and how: per-verification records and per-prompt metrics."""
+"""What decoding produces: each step's emitted tokens and record, and each generation's result."""
 
 from dataclasses import dataclass, field
 
@@ -61,3 +61,27 @@ class GenerationResult:
     @property
     def tokens_per_s(self) -> float:
         return len(self.new_tokens) / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+
+@dataclass
+class TokenLogprob:
+    """The full model's log-probability of an emitted token under the sampling settings, and its top alternatives."""
+    logprob: float
+    top: list[tuple[int, float]]  # (token id, log-probability), most likely first
+
+
+@dataclass
+class Emitted:
+    """What one step (or the prefill) added to the output."""
+    tokens: list[int]
+    step: StepRecord | None  # None: the prefill
+    logprobs: list[TokenLogprob] | None = None  # per token of `tokens`, when the generation asks for them
+    rolled_back: int = 0  # then this many tokens came off the output's end: a banned word completed
+    stopped: bool = False  # a stop string completed: the output ends here
+    open_tokens: int = 0  # tokens at the output's end that a banned word may still roll back (streams hold them)
+    began: float | None = None  # a prefill run in a batch's step: the clock when that step began (decoding/batch.py)
+
+    def onto(self, output: list[int]) -> None:
+        """Add this step's tokens to `output`, then take the rolled-back ones off its end."""
+        output += self.tokens
+        del output[len(output) - self.rolled_back:]

@@ -6,7 +6,7 @@ Every drafting strategy takes `draft.target_gate`.
 """
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -18,14 +18,13 @@ from selfspec.decoding.drafters import (Drafter, feature_head, hybrid, layer_ski
 from selfspec.decoding.drafters import kangaroo as kangaroo_drafter
 from selfspec.decoding.hf_baselines import HFStrategy
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
-from selfspec.decoding.results import GenerationResult
+from selfspec.decoding.results import Emitted, GenerationResult
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import decode_steps, generate
-from selfspec.decoding.verify import Emitted
-from selfspec.decoding.text_rules import TextRules
 from selfspec.errors import SelfspecError
 from selfspec.models.draft_head import DraftHead
 from selfspec.models.layouts import decoder_layers
-from selfspec.settings import DraftSettings, HFSettings, KangarooSettings, SamplingSettings, SkipSet
+from selfspec.settings import DraftSettings, HFSettings, KangarooSettings, SkipSet
 
 PLAIN = StrategySpec("plain", "the full model alone, one token per forward: the output every strategy must equal",
                      lambda inputs: None)
@@ -41,11 +40,8 @@ class Strategy:
     """Our decoder: plain when `drafter` is None, speculative otherwise."""
     name: str
     model: object
-    settings: SamplingSettings
-    end_ids: tuple[int, ...]  # any of them ends generation (LoadedModel.end_ids)
+    options: GenerationOptions  # a call's generator replaces options.generator
     drafter: Drafter | None = None
-    target_gate: float | None = None
-    rules: TextRules | None = None  # banned words and stop strings (decoding/text_rules.py)
     new_drafter: Callable[[int], Drafter | None] = lambda rows: None  # a fresh drafter for a row of a batch of rows
     row_drafters: dict[int, list[Drafter | None]] = field(default_factory=dict)  # by batch size; shared by replace()
 
@@ -56,6 +52,13 @@ class Strategy:
             self.row_drafters[rows] = [self.new_drafter(rows) for _ in range(rows)]
         return self.row_drafters[rows]
 
+    def generate(self, prompt: list[int], generator: torch.Generator | None = None) -> GenerationResult:
+        return generate(self.model, prompt, replace(self.options, generator=generator), self.drafter)
+
+    def steps(self, prompt: list[int], generator: torch.Generator | None = None) -> Iterator[Emitted]:
+        """`generate` step by step (decode_steps), for streaming."""
+        return decode_steps(self.model, prompt, replace(self.options, generator=generator), self.drafter)
+
     def generate_batch(self, prompts: list[list[int]], generators: list[torch.Generator | None] | None = None,
                        batch_size: int | None = None) -> list[GenerationResult]:
         """`generate` for several prompts, `batch_size` (default: all) decoding together at a time, a waiting prompt
@@ -63,51 +66,35 @@ class Strategy:
         of `batch_size`, so fewer prompts than rows draft as a full batch's would."""
         rows = min(batch_size or len(prompts), len(prompts))
         drafters = self.drafters(batch_size or len(prompts))[:rows]
-        return generate_batch(self.model, prompts, self.settings, drafters, self.end_ids, generators,
-                              self.target_gate, self.rules, rows)
+        return generate_batch(self.model, prompts, self.options, drafters, generators, rows)
 
-    def batch_steps(self, prompts: list[list[int]], generators: list[torch.Generator | None] | None = None,
-                    top_logprobs: int | None = None) -> Iterator[tuple[int, Emitted]]:
+    def batch_steps(self, prompts: list[list[int]], generators: list[torch.Generator | None] | None = None
+                    ) -> Iterator[tuple[int, Emitted]]:
         """`generate_batch` step by step: (prompt index, what it emitted), for streaming."""
-        return decode_batch_steps(self.model, prompts, self.settings, self.drafters(len(prompts)), self.end_ids,
-                                  generators, self.target_gate, self.rules, top_logprobs)
-
-    def generate(self, prompt: list[int], generator: torch.Generator | None = None) -> GenerationResult:
-        return generate(self.model, prompt, self.settings, self.drafter, self.end_ids, generator,
-                        self.target_gate, self.rules)
-
-    def steps(self, prompt: list[int], generator: torch.Generator | None = None,
-              top_logprobs: int | None = None) -> Iterator[Emitted]:
-        """`generate` step by step (decoding/speculative.py `decode_steps`), for streaming; with the emitted
-        tokens' log-probabilities and `top_logprobs` alternatives when that is set."""
-        return decode_steps(self.model, prompt, self.settings, self.drafter, self.end_ids, generator,
-                            self.target_gate, self.rules, top_logprobs)
+        return decode_batch_steps(self.model, prompts, self.options, self.drafters(len(prompts)), generators)
 
 
-def make_strategy(name: str, model, settings: SamplingSettings, end_ids: tuple[int, ...], skip: SkipSet,
-                  draft: DraftSettings, draft_model=None, draft_head: DraftHead | None = None,
-                  hf: HFSettings | None = None, kangaroo: KangarooSettings | None = None,
-                  searched: tuple[SkipSet, DraftHead | None] | None = None,
-                  costs: CostMeter | None = None, rules: TextRules | None = None) -> Strategy | HFStrategy:
-    """The strategy `name` (see REGISTRY); `searched`: the searched skip set and its draft head, for
-    self_spec_searched; `costs`: this machine's step costs for the cost-aware policy, measured on first use and
-    shared by the strategies of a run; `rules`: banned words and stop strings. Each strategy gets fresh draft-exit
-    policies."""
+def make_strategy(name: str, model, options: GenerationOptions, *, skip: SkipSet, draft: DraftSettings,
+                  draft_model=None, draft_head: DraftHead | None = None, hf: HFSettings | None = None,
+                  kangaroo: KangarooSettings | None = None, searched: tuple[SkipSet, DraftHead | None] | None = None,
+                  costs: CostMeter | None = None) -> Strategy | HFStrategy:
+    """The strategy `name` (see REGISTRY), with fresh draft-exit policies. `skip`: the layer-skip draft's skip set;
+    `searched`: self_spec_searched's skip set and draft head; `costs`: this machine's step costs for the cost-aware
+    policy, measured on first use and shared by a run's strategies."""
     spec = REGISTRY.get(name)
     if spec is None:
         raise SelfspecError(f"strategy {name!r} is unknown; allowed: {', '.join(REGISTRY)}")
-    if spec.hf_baseline and rules is not None:
+    if spec.hf_baseline and options.rules is not None:
         raise SelfspecError(f"strategy {name} is transformers' own generate, which has no banned words with "
                             f"rollback; drop it from strategies, or constraints.banned_words and sampling.stop")
     if not spec.hf_baseline:
         decoder_layers(model)  # our decoding needs the supported layout: say so before any prompt runs
-    inputs = StrategyInputs(model, settings, end_ids, skip, draft, costs or cost_meter(model, draft), draft_model,
-                            draft_head, hf, kangaroo, searched)
+    inputs = StrategyInputs(model, options, skip, draft, costs or cost_meter(model, draft), draft_model, draft_head,
+                            hf, kangaroo, searched)
     if spec.hf_baseline:
         return spec.build(inputs)
     drafter = spec.build(inputs)
-    return Strategy(name, model, settings, end_ids, drafter, draft.target_gate if drafter is not None else None,
-                    rules, lambda rows: spec.build(inputs.for_batch(rows)))
+    return Strategy(name, model, options, drafter, lambda rows: spec.build(inputs.for_batch(rows)))
 
 
 def cost_meter(model, draft: DraftSettings) -> CostMeter:

@@ -26,7 +26,7 @@ GROUP_BATCHES = 4  # batch_size > 1: each strategy decodes a group of 4 x batch_
 
 
 def evaluate(strategies: list[Strategy], prompts: list[Prompt], prompt_ids: list[list[int]], tokenizer,
-             out_dir: Path, seed: int = 0, repeats: int = 1, warmup: bool = True, logger=None,
+             out_dir: Path, *, seed: int = 0, repeats: int = 1, warmup: bool = True, logger=None,
              all_turns: bool = False, earlier: list[PromptRecord] | None = None, batch_size: int = 1) -> dict:
     """Run every strategy on every prompt (strategies interleaved per batch of prompts and turn, `repeats` timed runs
     each taken in turns, median time kept), append records to out_dir/records.jsonl as they finish, return the summary.
@@ -139,7 +139,7 @@ def _record(strategy: Strategy, prompt: Prompt, turn: int, ids: list[int], resul
 
 def before_stop(text: str, strategy: Strategy) -> str:
     """`text` up to its first stop string (sampling.stop), as the API and the server hand it out."""
-    cut = [i for i in (text.find(stop) for stop in strategy.settings.stop) if i >= 0]
+    cut = [i for i in (text.find(stop) for stop in strategy.options.sampling.stop) if i >= 0]
     return text[:min(cut)] if cut else text
 
 
@@ -161,7 +161,9 @@ def _warm_up(strategies: list[Strategy], ids: list[int], seed: int, batch_size: 
     """One short untimed generation per strategy (allocator, kernels, lazy imports); with batch_size > 1 a short
     batch, whose drafters measure what the batch's verify costs a row."""
     for strategy in strategies:
-        short = dataclasses.replace(strategy, settings=dataclasses.replace(strategy.settings, max_new_tokens=16))
+        options = strategy.options
+        short = dataclasses.replace(strategy, options=dataclasses.replace(
+            options, sampling=dataclasses.replace(options.sampling, max_new_tokens=16)))
         if batch_size == 1:
             short.generate(ids[:64], _generator(strategy, seed))
         else:

@@ -9,6 +9,7 @@ import torch
 from selfspec.data.conversation import check_multi_turn
 from selfspec.data.lengths import context_room, fit_prompts, with_truncated_count
 from selfspec.data.prompt_sets import calibration_texts, encode_prompt, load_prompt_set
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.strategies import REGISTRY, cost_meter, make_strategy
 from selfspec.decoding.text_rules import text_rules
 from selfspec.errors import SelfspecError
@@ -64,15 +65,18 @@ def run(settings: RunSettings, out_dir: Path) -> dict:
     costs = cost_meter(loaded.model, settings.draft)  # measured on first use, shared by the strategies
     rules = text_rules(loaded.model, loaded.tokenizer, settings.constraints.banned_words,
                        settings.constraints.case_sensitive, sampling.stop)
-    strategies = [make_strategy(name, loaded.model, sampling, loaded.end_ids, skip, settings.draft,
-                                draft_model, heads(vocab_size), settings.hf, settings.kangaroo, searched, costs, rules)
+    options = GenerationOptions(sampling, loaded.end_ids, rules=rules, target_gate=settings.draft.target_gate)
+    strategies = [make_strategy(name, loaded.model, options, skip=skip, draft=settings.draft, draft_model=draft_model,
+                                draft_head=heads(vocab_size), hf=settings.hf, kangaroo=settings.kangaroo,
+                                searched=searched, costs=costs)
                   for name in settings.strategies]
     if costs.summary():
         print(costs.summary())
     logger = make_logger(settings.logger, stored, out_dir, group=launch.sweep_dir)
     try:
-        summary = evaluate(strategies, prompts, prompt_ids, loaded.tokenizer, out_dir, settings.seed, settings.repeats,
-                           settings.warmup, logger, all_turns, earlier, settings.batch_size)
+        summary = evaluate(strategies, prompts, prompt_ids, loaded.tokenizer, out_dir, seed=settings.seed,
+                           repeats=settings.repeats, warmup=settings.warmup, logger=logger, all_turns=all_turns,
+                           earlier=earlier, batch_size=settings.batch_size)
         batch_costs = costs.for_batch(settings.batch_size).summary() if settings.batch_size > 1 else ""
         if batch_costs:
             print(batch_costs)  # measured by the batch's drafters

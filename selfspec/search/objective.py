@@ -12,6 +12,7 @@ from selfspec.data.prompt_sets import calibration_texts
 from selfspec.decoding.costs import StepCosts, expected_speedup, measure_step_costs
 from selfspec.decoding.draft_exit import make_exit_policy
 from selfspec.decoding.drafters import SelfDrafter
+from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.results import GenerationResult
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
@@ -73,7 +74,7 @@ def measure(model, prompt_ids: list[list[int]], settings: SamplingSettings, cand
     per_prompt = []
     for index, ids in enumerate(prompt_ids):
         generator = torch.Generator(device=output_device(model)).manual_seed(seed + index)
-        result = generate(model, ids, settings, drafter, end_ids, generator)
+        result = generate(model, ids, GenerationOptions(settings, end_ids=end_ids, generator=generator), drafter)
         counts = prompt_counts(result)
         if draft_ms is not None:
             trace = [(step.drafted, step.emitted) for step in result.steps]
@@ -90,7 +91,7 @@ def warm_up(loaded: LoadedModel, ids: list[int], settings: SamplingSettings, dra
     short = dataclasses.replace(settings, max_new_tokens=min(8, settings.max_new_tokens))
     skip = SkipSet((space.hi - 1,), ())
     for drafter in (None, SelfDrafter(loaded.model, skip, make_exit_policy(draft, settings.greedy))):
-        generate(loaded.model, ids[:64], short, drafter, loaded.end_ids)
+        generate(loaded.model, ids[:64], GenerationOptions(short, end_ids=loaded.end_ids), drafter)
 
 
 @dataclass

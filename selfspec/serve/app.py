@@ -126,12 +126,13 @@ def make_app(decoders: dict[str, SelfSpeculativeDecoder], model_name: str, serve
         try:
             ids = decoder.encode(prompt)
             max_tokens = check_length(len(ids), body.max_tokens or sampling.max_new_tokens)
-            job = decoder.job(ids, max_tokens, _or(body.temperature, sampling.temperature),
-                              _or(body.top_p, sampling.top_p), _or(body.top_k, sampling.top_k),
-                              sampling.repetition_penalty, body.seed,
-                              body.stops if body.stop is not None else sampling.stop,
-                              _or(body.banned_words, constraints.banned_words),
-                              _or(body.case_sensitive, constraints.case_sensitive), body.top_logprobs_count)
+            job = decoder.job(ids, max_new_tokens=max_tokens, temperature=_or(body.temperature, sampling.temperature),
+                              top_p=_or(body.top_p, sampling.top_p), top_k=_or(body.top_k, sampling.top_k),
+                              repetition_penalty=sampling.repetition_penalty, seed=body.seed,
+                              stop=body.stops if body.stop is not None else sampling.stop,
+                              banned_words=_or(body.banned_words, constraints.banned_words),
+                              case_sensitive=_or(body.case_sensitive, constraints.case_sensitive),
+                              logprobs=body.top_logprobs_count)
         except SelfspecError as exc:
             raise BadRequest(400, str(exc).splitlines()[0]) from None
         reply = Reply(chat, model_name, name, len(ids), body.top_logprobs_count is not None,

@@ -24,7 +24,7 @@ from selfspec.api.decoder import Job, SelfSpeculativeDecoder
 from selfspec.decoding.batch import DecodingBatch
 from selfspec.decoding.drafters import Drafter
 from selfspec.decoding.speculative import Generation
-from selfspec.decoding.verify import Emitted
+from selfspec.decoding.results import Emitted
 from selfspec.settings import SamplingSettings, ServeSettings
 
 END = object()  # what a row's queue holds after its generation's last Emitted
@@ -45,7 +45,7 @@ def drafter_pools(decoders: Iterable[SelfSpeculativeDecoder], sampling: Sampling
         for temperature in (0.0, 1.0):
             strategy = decoder.strategy(replace(sampling, temperature=temperature))
             for rows in pool_sizes(capacity):
-                pools[strategy.name, strategy.settings.greedy, rows] = list(strategy.drafters(rows))
+                pools[strategy.name, strategy.options.sampling.greedy, rows] = list(strategy.drafters(rows))
     return pools
 
 
@@ -174,11 +174,10 @@ class Batcher:
         """The row joins the batch: the next step runs its prefill."""
         job, strategy = row.job, row.job.strategy
         size = next(n for n in pool_sizes(self.batch.cache.capacity) if n > len(self.batch.rows))
-        row.pool = strategy.name, strategy.settings.greedy, size
+        row.pool = strategy.name, strategy.options.sampling.greedy, size
         row.drafter = self.pools[row.pool].pop()
         try:
-            row.generation = self.batch.add(job.ids, strategy.settings, row.drafter, strategy.end_ids, job.generator,
-                                            strategy.target_gate, strategy.rules, job.logprobs)
+            row.generation = self.batch.add(job.ids, job.options, row.drafter)
         except Exception as error:  # this request's own: its neighbours decode on
             self._end(row, DecodingFailed(f"it could not join the batch: {str(error).splitlines()[0]}"))
             return
