@@ -7,9 +7,9 @@ d = c(1) - (S's sublayer times) - (output(full) - output(V)), and a trace of ste
 emitted e_i runs at speedup = sum(e_i) c(1) / sum(k_i d + c(k_i + 1)) over plain decoding. The search scores
 skip sets with it (`search.objective=cost_model`): deterministic for greedy decoding, unlike wall-clock timing.
 With per-token acceptance a instead of a trace, a step of k drafts emits E = (1 - a^(k+1)) / (1 - a) tokens
-(`speedup_at_acceptance`, `break_even`: experiments/cost_model.py). Every speedup formula of selfspec is here,
-`expected_speedup` (the pareto objective's proxy in full-forward units) included. A little over our ~300 lines on
-purpose: the formulas read beside the measurements they take.
+(`speedup_at_acceptance`, `break_even`; experiments/cost_model.py prints them). Every speedup formula of selfspec
+is here, `expected_speedup` (the pareto objective's proxy in full-forward units) included, beside the measurements
+it takes.
 """
 
 import statistics
@@ -102,8 +102,8 @@ class DraftCosts:
 
 
 class CostMeter:
-    """c(q) and the draft-token costs of one model on this machine, each measured on first use (seconds) and kept,
-    so the strategies of a run share one measurement.
+    """c(q) and the draft-token costs of one model on this machine, each measured on first use and kept, so the
+    strategies of a run share one measurement.
 
     In a batch of B rows (decoding/batch.py) one packed forward verifies every row's block, so a row that drafts adds
     its own tokens to the forward and no one else's: c_B(q), one forward of a q-token block beside B - 1 rows of one
@@ -185,8 +185,7 @@ def timed_ms(step, device: torch.device | str = "cpu", repeats: int = REPEATS) -
 
 def nondecreasing(values: list[float]) -> list[float]:
     """The closest non-decreasing sequence to `values` in least squares (pool adjacent violators): a forward of more
-    tokens never costs less, and medians that say so are noise (a batch-4 row's price once read 20.1 ms for q = 2
-    and 14.1 for q = 3, so a 1-token draft looked dearer than a 2-token one)."""
+    tokens never costs less, and medians that say so are noise (they would make a shorter draft look dearer)."""
     pools: list[list[float]] = []  # [mean, count] of each run of pooled values
     for value in values:
         pools.append([value, 1])
@@ -272,8 +271,8 @@ def measure_draft_ms(model, skip: SkipSet, head: DraftHead | None = None, repeat
 
 def paced_ms(step, plain_step, plain_ms: float, device: torch.device | str, repeats: int) -> float:
     """`step()`'s milliseconds at the pace `plain_ms` was read at: its time over `plain_step()`'s, the two timed in
-    turns (a slow spell falls on both), times `plain_ms`. Timed apart from c(q), SmolLM2's draft token once read
-    76.2 ms beside c(1) = 40.0, so no draft could pay for that run; 34-45 ms in other runs."""
+    turns (a slow spell falls on both), times `plain_ms`, so a draft timed in a slow spell cannot look dearer than
+    the c(q) it is weighed against."""
     step_ms, plain_step_ms = timed_ms_each([step, plain_step], device, repeats)
     return step_ms / plain_step_ms * plain_ms
 

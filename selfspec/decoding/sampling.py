@@ -34,11 +34,11 @@ def logits_processor(settings: SamplingSettings) -> LogitsProcessorList:
 class TopPWithinTopK(LogitsProcessor):
     """transformers' TopKLogitsWarper then TopPLogitsWarper, with top-p run on the top-k columns only.
 
-    Top-p sorts its whole input: over Gemma-3's 262k-token vocabulary that is most of a step's filtering (~9 ms a
-    row here), paid per verified row and per sampled draft token. Outside the top-k columns every score is -inf
+    Top-p sorts its whole input, which over a large vocabulary (Gemma-3's 262k tokens) is most of a step's
+    filtering, paid per verified row and per sampled draft token. Outside the top-k columns every score is -inf
     after top-k (probability 0), so top-p over those columns cuts the same tokens. As TopKLogitsWarper, every token
     tied with the k-th score is kept; where a row has fewer than k finite scores (a token store's counts), the -inf
-    ones that tie stay -inf without a sort of the whole row (which took 5 ms a draft token on SmolLM2's vocabulary).
+    ones that tie stay -inf without a sort of the whole row.
     """
 
     def __init__(self, top_k: int, top_p: float):
