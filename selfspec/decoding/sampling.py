@@ -1,9 +1,7 @@
 """Sampling settings and the logits -> distribution -> token functions shared by drafting and verification.
 
 The filters are transformers' own logits processors; this module only decides which to apply and feeds
-each row the token history it would have had in plain decoding. One shortcut: with both top-k and top-p on,
-transformers' top-p warper runs on each row's top-k columns instead of sorting the whole vocabulary (same scores;
-TopPWithinTopK below).
+each row the token history it would have had in plain decoding.
 """
 
 import torch

@@ -6,7 +6,7 @@ follows the text with Aho-Corasick automata over the words (pyahocorasick). An a
 depends only on the text's last L - 1 characters (L: its longest word), so those characters are all the state the
 watch keeps: a rollback, or a look-ahead over a draft, restarts the automaton from them.
 
-Banned words, the seeds' finite-state machine with rollback: when one completes, generation rolls back to the token
+Banned words, a finite-state machine with rollback: when one completes, generation rolls back to the token
 where that occurrence began, forbids that token at that position and goes on from there; if every token at a
 position has been forbidden, it rolls back one more position. Forbidden tokens are masked out of the full model's
 logits before the sampling filters. The procedure depends on the emitted tokens alone, and every strategy emits
