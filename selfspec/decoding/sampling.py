@@ -32,12 +32,10 @@ def logits_processor(settings: SamplingSettings) -> LogitsProcessorList:
 class TopPWithinTopK(LogitsProcessor):
     """transformers' TopKLogitsWarper then TopPLogitsWarper, with top-p run on the top-k columns only.
 
-    Top-p sorts its whole input, which over a large vocabulary (Gemma-3's 262k tokens) is most of a step's
-    filtering, paid per verified row and per sampled draft token. Outside the top-k columns every score is -inf
-    after top-k (probability 0), so top-p over those columns cuts the same tokens. As TopKLogitsWarper, every token
-    tied with the k-th score is kept; where a row has fewer than k finite scores (a token store's counts), the -inf
-    ones that tie stay -inf without a sort of the whole row.
-    """
+    Top-p sorts its whole input: over a large vocabulary (Gemma-3's 262k tokens) most of a step's filtering, paid per
+    verified row and per sampled draft token. After top-k every other score is -inf, so top-p over the top-k columns
+    cuts the same tokens. As TopKLogitsWarper, every token tied with the k-th score is kept; a row with fewer than k
+    finite scores (a token store's counts) keeps its tied -inf ones at -inf without sorting the whole row."""
 
     def __init__(self, top_k: int, top_p: float):
         self.top_k, self.top_p = top_k, TopPLogitsWarper(top_p)
