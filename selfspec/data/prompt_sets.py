@@ -2,7 +2,7 @@
 maths word problems, translation, questions over a long passage), or any prompt file.
 
 A prompt file is JSON lines or a JSON array (`.json`) of records in one of the public formats of
-prompt_formats.py. A prompt keeps all of its user turns; generation encodes the first (`encode_prompt`).
+formats.py. A prompt keeps all of its user turns; generation encodes the first (`encode_prompt`).
 """
 
 from collections.abc import Mapping
@@ -20,7 +20,7 @@ PROMPT_SETS = ("humaneval", *SHIPPED_SETS, "jsonl")
 def load_prompts(name: str, path: str | None = None, limit: int | None = None,
                  format_name: str = "auto") -> list[Prompt]:
     """The first `limit` prompts (None = all) of a set: humaneval, a shipped set, or jsonl (the file at `path`,
-    its records in `format_name`: one of prompt_formats.FORMATS, or auto = detected from its first record)."""
+    its records in `format_name`: one of formats.FORMATS, or auto = detected from its first record)."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise SelfspecError(f"limit={limit!r} is not allowed; use a positive number of prompts, or None for all")
     if name not in PROMPT_SETS:
