@@ -1,4 +1,5 @@
-"""data=spec_bench: Spec-Bench's 480 prompts and their calibration and evaluation halves per task type."""
+"""data=spec_bench: Spec-Bench's 480 prompts, their calibration and evaluation halves per task type, answer files with
+Spec-Bench's own categories, and a summary in the shape of its leaderboard."""
 
 import json
 from collections import Counter
@@ -8,9 +9,12 @@ import pytest
 from selfspec.data.prompt_sets import (MT_BENCH_CATEGORIES, SPEC_BENCH_TASKS, load_prompt_set, load_prompts,
                                        spec_bench_categories, split_prompts)
 from selfspec.errors import SelfspecError
+from selfspec.evaluation.spec_bench import leaderboard_table, write_answers
+from selfspec.evaluation.summarize import write_summary
+from selfspec.records.prompt_records import summarize
 from selfspec.settings import DataSettings
 
-from helpers import run_settings
+from helpers import main_in_process, record, run_records, run_settings
 
 
 def halves(**data) -> dict[str, list]:
@@ -62,3 +66,42 @@ def test_data_spec_bench_composes_and_make_bench_reports_on_the_evaluation_half(
     assert bench.names == ["spec_bench"] and bench.split == "evaluation" and bench.limit == 1
     search = run_settings("data=spec_bench", "search=optuna").search.data
     assert search.names == ["spec_bench"] and search.split == "calibration"
+
+
+def test_answer_files_carry_spec_benchs_own_categories(tmp_path, tokenizer):
+    records = [record("self_spec", "82", "mt_bench"), record("self_spec", "162", "translation")]
+    (path,) = write_answers(tmp_path, records, tokenizer, "m")
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [(row["question_id"], row["category"]) for row in rows] == [(82, "writing"), (162, "translation")]
+
+
+def test_the_summary_reports_spec_benchs_six_task_types_as_its_leaderboard(tmp_path):
+    summary = summarize(run_records(categories=tuple(SPEC_BENCH_TASKS), per_category=1))
+    header, rule, plain, spec = leaderboard_table(summary).splitlines()
+    assert header == ("| strategy | Multi-turn Conversation | Translation | Summarization | Question Answering | "
+                      "Mathematical Reasoning | Retrieval-aug. Generation | #Mean Accepted Tokens | Overall |")
+    assert plain == "| plain | " + "1.00x | " * 6 + "1.00 | 1.00x |"
+    row = summary["self_spec"]
+    cells = spec.strip("| ").split(" | ")
+    assert cells[0] == "self_spec" and cells[-2:] == [f"{row['mean_accepted_tokens']:.2f}", f"{row['speedup']:.2f}x"]
+    assert cells[1] == f"{row['by_category']['mt_bench']['speedup']:.2f}x"
+    assert "Multi-turn Conversation" in write_summary(tmp_path, summary, "title")
+    assert leaderboard_table(summarize(run_records(categories=("qa", "translation")))) == ""  # other sets: by category
+
+
+@pytest.mark.slow  # run.py's main, in this process
+def test_a_tiny_run_over_spec_bench_reports_the_six_task_types(tmp_path, monkeypatch, capsys):
+    code, stderr = main_in_process(monkeypatch, capsys, "experiment=bench", "model=tiny_llama", "logger=none",
+                                   "data=spec_bench", "data.limit=1", "strategies=[plain,self_spec_fixed]",
+                                   "repeats=1", "warmup=false", "sampling.max_new_tokens=4",
+                                   "spec_bench_answers=true", f"hydra.run.dir={tmp_path}")
+    assert code == 0, stderr[-3000:]
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert list(summary["self_spec_fixed"]["by_category"]) == list(SPEC_BENCH_TASKS)
+    assert summary["plain"]["n_prompts"] == 6 and summary["plain"]["n_turns"] == 7  # mt_bench: both turns
+    assert "| self_spec_fixed | " in (tmp_path / "summary.md").read_text().split("Retrieval-aug. Generation")[1]
+    answers = (tmp_path / "model_answer" / "tiny_llama-plain.jsonl").read_text()
+    rows = [json.loads(line) for line in answers.splitlines()]
+    assert [(row["question_id"], row["category"], len(row["choices"][0]["turns"])) for row in rows] == [
+        (82, "writing", 2), (162, "translation", 1), (242, "summarization", 1), (322, "qa", 1),
+        (402, "math_reasoning", 1), (482, "rag", 1)]
