@@ -1,4 +1,4 @@
-"""Aggregate tokens/s against batch size, every batch size in one process: the ratios of issue 30's targets (plain
+"""Aggregate tokens/s against batch size, every batch size in one process: the batch targets' ratios (plain
 decoding at batch 4 over batch 1; each strategy over plain decoding at the same batch size) measured side by side,
 so the machine's drift between the jobs of `python run.py -m experiment=batch` does not enter them.
 
@@ -8,8 +8,7 @@ The prompts are experiment=batch's (the mix's evaluation halves, 2 a set, 14 pro
 override them). Per repeat, each batch size in turn, each strategy decodes all prompts (the strategies in reverse
 order every other repeat): batch size 1 one prompt at a time, above it `batch_size` rows refilled as rows end
 (decoding/batch.py), and plain decoding also in fixed batches that wait for their longest row (`plain, fixed
-batches`: how run.py batched before the refill). Every output must equal plain decoding's at batch size 1 (greedy
-settings). Prints the median over repeats.
+batches`). Every output must equal plain decoding's at batch size 1 (greedy settings). Prints the median over repeats.
 """
 
 import statistics

@@ -1,7 +1,7 @@
 """The copiers replayed over plain decoding's greedy outputs: the tokens per verification the cost-aware copiers
 reach on them and the speedup modelled with this machine's c(q), per category, free of the noise of a timed run
-(identical steps here vary 0.63-1.47x from prompt to prompt within a run). This is how the copy settings
-(`draft.ngram_size`, `tree_nodes`, `tree_depth`, `tree_width`) were tuned, on the calibration halves:
+(identical steps vary from prompt to prompt within a run). It tunes the copy settings (`draft.ngram_size`,
+`tree_nodes`, `tree_depth`, `tree_width`) on the calibration halves:
 
     make bench LIMIT=10 OUT=<dir> ARGS="repeats=1 data.split=calibration 'strategies=[plain]'"
     python experiments/copy_replay.py <dir> data.split=calibration data.limit=10 \
@@ -9,7 +9,7 @@ reach on them and the speedup modelled with this machine's c(q), per category, f
 
 The overrides before the first `--` are every variant's and must select the prompts the records hold (`data.*`,
 `model=`); each `--` starts a variant (none: the defaults). c(q) is measured once, so the variants are compared at the
-same costs: the policies' choices follow c(q), and the meter's readings move from run to run here. The copiers are
+same costs: the policies' choices follow c(q), and the meter's readings move from run to run. The copiers are
 `prompt_lookup_tree`'s trie and `self_spec_hybrid`'s chain copier, built as those strategies build them. Each step
 is verified as greedy verification does (the draft's longest path equal to plain decoding's next tokens) and updates
 the copier as the loop does; the loop's own costs (`observe_verify_ms`) are not followed, so the modelled speedup

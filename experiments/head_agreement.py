@@ -1,8 +1,8 @@
 """Feature heads read against plain decoding's greedy outputs, per category: the share of output positions where a
 head's top token (top 3: one of its three best) is the model's next token. The head reads the model's own states at
-every position, as its draft's first token does live, over the draft vocabulary of `draft.vocab_size`. How
-docs/results.md compares heads offline: free of a timed run's noise, though more agreement has not always drafted
-faster live, where the cost-aware policies decide when the head drafts.
+every position, as its draft's first token does live, over the draft vocabulary of `draft.vocab_size`. It
+compares heads offline, free of a timed run's noise; more agreement need not draft faster live, where the cost-aware
+policies decide when the head drafts.
 
     make bench MODEL=smollm2 LIMIT=6 OUT=<dir> ARGS="repeats=1 sampling.max_new_tokens=96 'strategies=[plain]'"
     python experiments/head_agreement.py <dir> shipped <run dir>/head.pt -- model=smollm2 data.split=evaluation \

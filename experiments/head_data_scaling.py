@@ -1,7 +1,7 @@
 """How a feature head's drafting grows with its training prompts: one head per share of the training prompts (nested
 shares of one shuffled order; the same held-out validation prompts for all), each trained from the same seed and
 for the same optimiser steps: an epoch passes over a share as many times as makes about the whole training set, so a
-smaller share is seen more often, not trained less. Then its validation after `train.epochs` such epochs (chains.py's
+smaller share is seen more often, not trained less. Then its validation after `train.epochs` such epochs (objective.py's
 `val_chain`, agreement on generated text, loss).
 
     python experiments/head_data_scaling.py train.data_dir=outputs/draft_data/smollm2 train.epochs=4 \

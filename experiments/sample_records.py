@@ -1,5 +1,5 @@
-"""The small record set shipped in notebooks/sample_records (what `make figures` and the notebooks draw before
-any experiment ran here): `make reproduce SCALE=smoke`'s runs on SmolLM2, slimmed; and the tiny-Llama runs of
+"""The small record set shipped in notebooks/sample_records (what `make figures` and the notebooks draw where
+no experiment has run): `make reproduce SCALE=smoke`'s runs on SmolLM2, slimmed; and the tiny-Llama runs of
 every experiment that the tests plot (seconds each).
 
     python experiments/sample_records.py [--outputs outputs] [--out notebooks/sample_records]
@@ -50,8 +50,8 @@ def command(experiment: str, outputs: Path, multirun: bool, overrides: dict, sta
 
 
 def run_experiments(outputs: Path, runs: dict = TEST_RUNS, jobs: int = 2, timeout: float = 300) -> None:
-    """Run `runs` (default: the test set) into `outputs`, `jobs` at a time, one torch thread each, as Hydra
-    would name them now; raises RuntimeError with the stderr tail of the first failure."""
+    """Run `runs` (default: the test set) into `outputs`, `jobs` at a time, one torch thread each, named as
+    Hydra names a run started now; raises RuntimeError with the stderr tail of the first failure."""
     stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}

@@ -17,8 +17,7 @@ def clock(device: torch.device | str = "cpu") -> float:
 
 def timed_ms_each(steps: list, device: torch.device | str, repeats: int) -> list[float]:
     """Median milliseconds of each of `steps`, timed in turn, round after round, after one untimed round: a slow
-    spell on a shared machine falls on every step alike, not on whichever one was being timed (c(q) measured one q
-    after another here once read 47 / 64 / 50 / 47 ms for q = 1..4)."""
+    spell on a shared machine falls on every step alike, not on whichever one was being timed."""
     for step in steps:
         step()
     times: list[list[float]] = [[] for _ in steps]

@@ -85,7 +85,7 @@ def test_rewindable_cache_takes_one_window_per_layer():
                                               ("gemma3", {"full_attention": None, "sliding_attention": 8})])
 def test_a_models_masks_follow_its_layer_types_read_once(family, windows):
     """One mask (full, or Mistral's model-wide window), or one per layer type (Qwen2's mixed layers, Gemma-3); read
-    from transformers' layer types once a model, as the read costs more than the mask (~1 ms on SmolLM2)."""
+    from transformers' layer types once a model, as the read costs more than the mask."""
     model = tiny_model(family, sliding_window=8)
     assert mask_windows(model.config) == windows
     masks = model_attention_masks(model, [[-1, 0, 0]], [20], 23, windowed_keys=False)

@@ -1,4 +1,4 @@
-"""Any checkpoint (issue 28): `model=hf model.path=<folder>` of a registered architecture, a hub id from the local
+"""Any checkpoint: `model=hf model.path=<folder>` of a registered architecture, a hub id from the local
 cache or, online, downloaded by huggingface_hub after saying how big (the library's calls stand in here: no network),
 `model=gguf model.path=<file.gguf>` converted once into the safetensors cache, `model.device=auto`, and one line for
 each bad input: a directory without a config, an architecture transformers does not know, one it knows but the

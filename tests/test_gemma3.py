@@ -15,7 +15,7 @@ from helpers import run_settings, shipped_head_acceptance, shipped_store_accepta
 
 pytestmark = pytest.mark.slow
 SETTINGS = replace(default_settings().sampling, max_new_tokens=32)
-ACCEPTED_FROM_STORE = 0.2  # measured 0.39 (37 of 94 draft tokens, 3-deep trees) on these held-out prompts
+ACCEPTED_FROM_STORE = 0.2  # a margin below what the shipped store's 3-deep trees reach on these held-out prompts
 
 
 @pytest.fixture(scope="module")

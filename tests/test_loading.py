@@ -98,7 +98,7 @@ def test_smollm2_loads_from_cache_quickly(smollm2, capsys):
     assert lm.tokenizer.chat_template and lm.tokenizer.eos_token_id == 2
 
 
-@pytest.mark.slow  # dequantises the GGUF again (~20 s)
+@pytest.mark.slow  # dequantises the GGUF again
 def test_smollm2_cache_gives_the_gguf_models_logits_and_tokens(smollm2):
     folder, gguf_file = checkpoints._gguf_location("smollm2", staging=None)
     gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file).eval()

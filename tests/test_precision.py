@@ -28,7 +28,7 @@ def test_first_difference_is_where_two_outputs_part():
 
 
 def test_bfloat16_runs_measure_the_match_fraction_and_where_outputs_part(tmp_path, tokenizer):
-    # wide enough that a multi-token verify rounds differently from one-token steps (here: 1 of 3 prompts parts)
+    # wide enough that a multi-token verify rounds differently from one-token steps, so some output may part
     model = tiny_model("llama", num_layers=4, hidden_size=256, init_std=0.05).to(torch.bfloat16)
     sampling = replace(DEFAULT_SAMPLING, max_new_tokens=20)
     draft = replace(DEFAULT_DRAFT, policy="fixed", max_tokens=4, ngram_tokens=10)

@@ -1,4 +1,4 @@
-"""run.py with the inputs of issue 16: public prompt files, prompts too long for the model. Each ends
+"""run.py with the inputs a user brings: public prompt files, prompts too long for the model. Each ends
 with a result or one `selfspec: error:` line, never a traceback."""
 
 import json

@@ -1,11 +1,13 @@
 """Benchmark prompts: HumanEval (code completion), the shipped sets (chat, summarization, short factual questions,
-maths word problems, translation, questions over a long passage), or any prompt file.
+maths word problems, translation, questions over a long passage), Spec-Bench's 480 prompts, or any prompt file.
 
 A prompt file is JSON lines or a JSON array (`.json`) of records in one of the public formats of
-prompt_formats.py. A prompt keeps all of its user turns; generation encodes the first (`encode_prompt`).
+formats.py. A prompt keeps all of its user turns; generation encodes the first (`encode_prompt`).
 """
 
 from collections.abc import Mapping
+from dataclasses import replace
+from functools import cache
 from pathlib import Path
 
 from selfspec.data.formats import FORMATS, Prompt, detect_format, parse_json, record_prompt, short
@@ -14,13 +16,18 @@ from selfspec.settings import FORMAT_NAMES, DataSettings
 
 PROMPTS_DIR = Path(__file__).parent / "prompts"  # package data: <name>.jsonl per shipped set
 SHIPPED_SETS = ("chat", "summarize", "qa", "math", "translate", "retrieval")
-PROMPT_SETS = ("humaneval", *SHIPPED_SETS, "jsonl")
+PROMPT_SETS = ("humaneval", *SHIPPED_SETS, "spec_bench", "jsonl")
+SPEC_BENCH_FILE = PROMPTS_DIR / "spec_bench" / "question.jsonl"  # Spec-Bench's own file (Apache-2.0, NOTICE beside it)
+SPEC_BENCH_TASKS = {  # task type (Spec-Bench's evaluation/speed.py) -> its column in Spec-Bench's Leaderboard.md
+    "mt_bench": "Multi-turn Conversation", "translation": "Translation", "summarization": "Summarization",
+    "qa": "Question Answering", "math_reasoning": "Mathematical Reasoning", "rag": "Retrieval-aug. Generation"}
+MT_BENCH_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 
 
 def load_prompts(name: str, path: str | None = None, limit: int | None = None,
                  format_name: str = "auto") -> list[Prompt]:
-    """The first `limit` prompts (None = all) of a set: humaneval, a shipped set, or jsonl (the file at `path`,
-    its records in `format_name`: one of prompt_formats.FORMATS, or auto = detected from its first record)."""
+    """The first `limit` prompts (None = all) of a set: humaneval, a shipped set, spec_bench, or jsonl (the file at
+    `path`, its records in `format_name`: one of formats.FORMATS, or auto = detected from its first record)."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise SelfspecError(f"limit={limit!r} is not allowed; use a positive number of prompts, or None for all")
     if name not in PROMPT_SETS:
@@ -38,31 +45,58 @@ def load_prompts(name: str, path: str | None = None, limit: int | None = None,
         prompts = humaneval_prompts()
     elif name == "jsonl":
         prompts = read_prompt_file(Path(path), format_name)
+    elif name == "spec_bench":
+        prompts = spec_bench_prompts()
     else:
         prompts = read_prompt_file(PROMPTS_DIR / f"{name}.jsonl")
     return prompts[:limit]
 
 
 def load_prompt_set(data: DataSettings) -> list[Prompt]:
-    """Prompts offset..offset+limit-1 of `data.split` of each set in `data.names`, set after set."""
+    """Prompts offset..offset+limit-1 of `data.split` of each set in `data.names`, set after set; each of
+    spec_bench's six task types counts as a set of its own."""
     prompts = []
     for name in data.names:
-        chosen = load_prompts(name, data.path, format_name=data.format)
-        chosen = split_prompts(chosen, data.split) if name != "jsonl" else chosen  # a file of yours is read whole
-        chosen = chosen[data.offset or 0:][:data.limit]
-        if not chosen:
-            raise SelfspecError(f"data.offset={data.offset} leaves no prompts in the {data.split} split of set "
-                                f"{name!r}; lower it")
-        prompts += chosen
+        every = load_prompts(name, data.path, format_name=data.format)
+        for label, group in _task_groups(name, every).items():
+            chosen = split_prompts(group, data.split) if name != "jsonl" else group  # a file of yours is read whole
+            chosen = chosen[data.offset or 0:][:data.limit]
+            if not chosen:
+                raise SelfspecError(f"data.offset={data.offset} leaves no prompts in the {data.split} split of "
+                                    f"{label}; lower it")
+            prompts += chosen
     return prompts
+
+
+def _task_groups(name: str, prompts: list[Prompt]) -> dict[str, list[Prompt]]:
+    """spec_bench's prompts per task type; any other set's prompts as one group."""
+    if name != "spec_bench":
+        return {f"set {name!r}": prompts}
+    return {f"spec_bench's task {task!r}": [p for p in prompts if p.category == task] for task in SPEC_BENCH_TASKS}
 
 
 def split_prompts(prompts: list[Prompt], split: str) -> list[Prompt]:
     """A shipped set's calibration half (its 1st, 3rd, 5th, ... prompt: tune on these), its evaluation half (2nd, 4th,
-    ...: report on these) or all of it. Alternating keeps every category of the shipped sets in both halves."""
+    ...: report on these) or all of it. Alternating keeps every category of the shipped sets in both halves.
+    Spec-Bench's task types are 80 prompts each, one after another, so alternating over all 480 alternates within
+    each task type too (and within each MT-bench category, 10 in a row)."""
     if split == "all":
         return prompts
     return prompts[0 if split == "calibration" else 1::2]
+
+
+def spec_bench_prompts() -> list[Prompt]:
+    """Spec-Bench's 480 prompts, each under its task type (SPEC_BENCH_TASKS) as category: MT-bench's 80 two-turn
+    questions (eight categories of 10) under mt_bench, the others under the category they carry."""
+    return [replace(p, category="mt_bench") if p.category in MT_BENCH_CATEGORIES else p
+            for p in read_prompt_file(SPEC_BENCH_FILE)]
+
+
+@cache
+def spec_bench_categories() -> dict[str, str]:
+    """Spec-Bench's own category per question id: an mt_bench prompt's MT-bench category (writing, roleplay, ...),
+    which Spec-Bench's answer files carry."""
+    return {p.question_id: p.category for p in read_prompt_file(SPEC_BENCH_FILE)}
 
 
 def humaneval_prompts() -> list[Prompt]:

@@ -1,16 +1,13 @@
 """Step costs measured on this machine, and the speedup they predict for a draft/verify trace.
 
-Measured once over one KV cache at a fixed context: c(q), a full-model forward of q tokens (the verification of
-q - 1 drafts); the time of every attention and MLP sublayer in a 1-token step; the output layer's time, full and
-for each reduced draft vocabulary. A draft token with skip set S and draft vocabulary V then costs
-d = c(1) - (S's sublayer times) - (output(full) - output(V)), and a trace of steps that drafted k_i tokens and
-emitted e_i runs at speedup = sum(e_i) c(1) / sum(k_i d + c(k_i + 1)) over plain decoding. The search scores
-skip sets with it (`search.objective=cost_model`): deterministic for greedy decoding, unlike wall-clock timing.
-With per-token acceptance a instead of a trace, a step of k drafts emits E = (1 - a^(k+1)) / (1 - a) tokens
-(`speedup_at_acceptance`, `break_even`: experiments/cost_model.py). Every speedup formula of selfspec is here,
-`expected_speedup` (the pareto objective's proxy in full-forward units) included. A little over our ~300 lines on
-purpose: the formulas read beside the measurements they take.
-"""
+Measured over one KV cache at a fixed context: c(q), a full-model forward of q tokens (the verification of q - 1
+drafts); each attention and MLP sublayer's time in a 1-token step; the output layer's time, full and per reduced
+draft vocabulary. A draft token with skip set S and draft vocabulary V costs d = c(1) - (S's sublayer times) -
+(output(full) - output(V)), and a trace of steps that drafted k_i tokens and emitted e_i runs at
+speedup = sum(e_i) c(1) / sum(k_i d + c(k_i + 1)) over plain decoding: deterministic for greedy decoding, unlike
+wall-clock timing, so the search scores skip sets with it (`search.objective=cost_model`). With per-token
+acceptance a, a step of k drafts emits E = (1 - a^(k+1)) / (1 - a) tokens (`speedup_at_acceptance`, `break_even`;
+experiments/cost_model.py prints them). Every speedup formula of selfspec is here."""
 
 import statistics
 from dataclasses import dataclass, field
@@ -102,16 +99,14 @@ class DraftCosts:
 
 
 class CostMeter:
-    """c(q) and the draft-token costs of one model on this machine, each measured on first use (seconds) and kept,
-    so the strategies of a run share one measurement.
+    """c(q) and the draft-token costs of one model on this machine, each measured on first use and kept, so the
+    strategies of a run share one measurement.
 
-    In a batch of B rows (decoding/batch.py) one packed forward verifies every row's block, so a row that drafts adds
-    its own tokens to the forward and no one else's: c_B(q), one forward of a q-token block beside B - 1 rows of one
-    token (`for_batch`). A row's plain step is its share, c_B(1) / B, and a q-token block costs it the widening too,
-    c_B(1) / B + c_B(q) - c_B(1) (`batch_row_prices`). The layer-skip chain's rows draft together, one forward a
-    draft token, so a row's draft token costs d_B / B; other drafters draft each row on its own, at d. As B grows,
-    a row's plain step gets cheaper while its widening does not, so the cost-aware exit drafts less, and at last
-    nothing."""
+    In a batch of B rows (decoding/batch.py) one packed forward verifies every row's block: c_B(q) is one forward of a
+    q-token block beside B - 1 one-token rows (`for_batch`). A row pays its share of a plain step, c_B(1) / B, plus its
+    widening, c_B(q) - c_B(1) (`batch_row_prices`); a layer-skip chain's draft token, drafted by all rows in one
+    forward, costs d_B / B, other drafters' d. As B grows a row's plain step gets cheaper and its widening does not,
+    so the cost-aware exit drafts less, and at last nothing."""
 
     def __init__(self, model, max_q: int, repeats: int = 7, rows: int = 1):
         self.model, self.max_q, self.repeats, self.rows = model, max_q, repeats, rows
@@ -185,8 +180,7 @@ def timed_ms(step, device: torch.device | str = "cpu", repeats: int = REPEATS) -
 
 def nondecreasing(values: list[float]) -> list[float]:
     """The closest non-decreasing sequence to `values` in least squares (pool adjacent violators): a forward of more
-    tokens never costs less, and medians that say so are noise (a batch-4 row's price once read 20.1 ms for q = 2
-    and 14.1 for q = 3, so a 1-token draft looked dearer than a 2-token one)."""
+    tokens never costs less, and medians that say so are noise (they would make a shorter draft look dearer)."""
     pools: list[list[float]] = []  # [mean, count] of each run of pooled values
     for value in values:
         pools.append([value, 1])
@@ -230,17 +224,15 @@ def measure_batch_verify_ms(model, max_q: int, rows: int, repeats: int = REPEATS
 
 
 def batch_row_prices(forward_ms: list[float], rows: int) -> list[float]:
-    """A batch row's price of a q-token block, q = 1..len(forward_ms), from `forward_ms` c_B(q): its share of a plain
-    step, c_B(1) / B, plus c_B(q) - c_B(1), what its widening adds to the forward (never below nothing: a wider
-    forward timed faster is noise)."""
+    """A batch row's price of a q-token block, q = 1..len(forward_ms), from c_B(q) (`forward_ms`):
+    c_B(1) / B + c_B(q) - c_B(1), the widening never below nothing (a wider forward timed faster is noise)."""
     return [forward_ms[0] / rows + max(ms - forward_ms[0], 0.0) for ms in forward_ms]
 
 
 def measure_batch_draft_ms(model, skip: SkipSet, head: DraftHead | None, rows: int, plain_ms: float,
                            repeats: int = REPEATS) -> float:
-    """d_B / B: one draft token in each of `rows` rows (B) in one forward, after CONTEXT-token contexts: a row's share
-    of a batch's draft forward (decoding/batch.py). Timed in turns with a plain forward of the rows, their ratio
-    scales `plain_ms`, a row's plain step as the meter read it (c_B(1) / B; `paced_ms`)."""
+    """d_B / B: a row's share of one forward that drafts a token in each of `rows` rows after CONTEXT-token
+    contexts, paced by a plain forward of the rows (`paced_ms`; `plain_ms`: c_B(1) / B as the meter read it)."""
     cache = _batch_context_cache(model, rows, 1)
 
     def draft_tokens():
@@ -254,9 +246,8 @@ def measure_batch_draft_ms(model, skip: SkipSet, head: DraftHead | None, rows: i
 
 def measure_draft_ms(model, skip: SkipSet, head: DraftHead | None = None, repeats: int = REPEATS,
                      plain_ms: float | None = None) -> float:
-    """d timed directly: one draft token with the skip set (and draft head) after a CONTEXT-token context. With
-    `plain_ms`, c(1) as the meter read it, the draft is timed in turns with a plain step and their ratio scales
-    `plain_ms` (`paced_ms`)."""
+    """d: one draft token with the skip set (and draft head) after a CONTEXT-token context; with `plain_ms`
+    (c(1) as the meter read it), paced by a plain step (`paced_ms`)."""
     cache = _context_cache(model, 1)
 
     def draft_token():
@@ -272,8 +263,7 @@ def measure_draft_ms(model, skip: SkipSet, head: DraftHead | None = None, repeat
 
 def paced_ms(step, plain_step, plain_ms: float, device: torch.device | str, repeats: int) -> float:
     """`step()`'s milliseconds at the pace `plain_ms` was read at: its time over `plain_step()`'s, the two timed in
-    turns (a slow spell falls on both), times `plain_ms`. Timed apart from c(q), SmolLM2's draft token once read
-    76.2 ms beside c(1) = 40.0, so no draft could pay for that run; 34-45 ms in other runs."""
+    turns (a slow spell falls on both), times `plain_ms`."""
     step_ms, plain_step_ms = timed_ms_each([step, plain_step], device, repeats)
     return step_ms / plain_step_ms * plain_ms
 

@@ -1,9 +1,7 @@
 """Sampling settings and the logits -> distribution -> token functions shared by drafting and verification.
 
 The filters are transformers' own logits processors; this module only decides which to apply and feeds
-each row the token history it would have had in plain decoding. One shortcut: with both top-k and top-p on,
-transformers' top-p warper runs on each row's top-k columns instead of sorting the whole vocabulary (same scores;
-TopPWithinTopK below).
+each row the token history it would have had in plain decoding.
 """
 
 import torch
@@ -34,12 +32,10 @@ def logits_processor(settings: SamplingSettings) -> LogitsProcessorList:
 class TopPWithinTopK(LogitsProcessor):
     """transformers' TopKLogitsWarper then TopPLogitsWarper, with top-p run on the top-k columns only.
 
-    Top-p sorts its whole input: over Gemma-3's 262k-token vocabulary that is most of a step's filtering (~9 ms a
-    row here), paid per verified row and per sampled draft token. Outside the top-k columns every score is -inf
-    after top-k (probability 0), so top-p over those columns cuts the same tokens. As TopKLogitsWarper, every token
-    tied with the k-th score is kept; where a row has fewer than k finite scores (a token store's counts), the -inf
-    ones that tie stay -inf without a sort of the whole row (which took 5 ms a draft token on SmolLM2's vocabulary).
-    """
+    Top-p sorts its whole input: over a large vocabulary (Gemma-3's 262k tokens) most of a step's filtering, paid per
+    verified row and per sampled draft token. After top-k every other score is -inf, so top-p over the top-k columns
+    cuts the same tokens. As TopKLogitsWarper, every token tied with the k-th score is kept; a row with fewer than k
+    finite scores (a token store's counts) keeps its tied -inf ones at -inf without sorting the whole row."""
 
     def __init__(self, top_k: int, top_p: float):
         self.top_k, self.top_p = top_k, TopPLogitsWarper(top_p)

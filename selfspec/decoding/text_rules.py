@@ -1,17 +1,16 @@
 """Banned words and stop strings, matched on the output's decoded text, lossless under speculation.
 
-The decoding loop (decoding/speculative.py) hands every emitted token to the generation's `OutputWatch`. The watch
-decodes each token's text over a window of the tokens before it (so a token costs the same at any output length) and
-follows the text with Aho-Corasick automata over the words (pyahocorasick). An automaton's state after any text
+The decoding loop (decoding/speculative.py) hands every emitted token to the generation's `OutputWatch`, which
+decodes each token's text over a window of the tokens before it (so a token costs the same at any output length)
+and follows the text with Aho-Corasick automata over the words (pyahocorasick). An automaton's state after any text
 depends only on the text's last L - 1 characters (L: its longest word), so those characters are all the state the
 watch keeps: a rollback, or a look-ahead over a draft, restarts the automaton from them.
 
-Banned words, the seeds' finite-state machine with rollback: when one completes, generation rolls back to the token
-where that occurrence began, forbids that token at that position and goes on from there; if every token at a
-position has been forbidden, it rolls back one more position. Forbidden tokens are masked out of the full model's
-logits before the sampling filters. The procedure depends on the emitted tokens alone, and every strategy emits
-tokens as plain decoding does, so every strategy rolls back where plain decoding does: greedy outputs equal plain
-decoding's token for token, sampled ones follow its distribution.
+Banned words roll back: when one completes, generation goes back to the token where it began, forbids that token
+at that position (masked out of the full model's logits before the sampling filters) and goes on; where every token
+at a position is forbidden, it goes back one more. This depends on the emitted tokens alone, and every strategy
+emits tokens as plain decoding does, so greedy outputs equal plain decoding's token for token and sampled ones
+follow its distribution.
 
 Stop strings: the output ends with the token that completes the first one (api/streaming.py cuts the text before
 it). A token that completes a banned word and a stop string at once rolls back.

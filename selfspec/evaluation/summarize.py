@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from selfspec.errors import SelfspecError, print_warnings_as_lines
+from selfspec.evaluation.spec_bench import leaderboard_table
 from selfspec.records.prompt_records import category_table, markdown_table, read_records, summarize, verdict
 from selfspec.records.run_dir import RECORDS_FILE, SETTINGS_FILE, write_file
 from selfspec.records.runs import sampling_label
@@ -14,9 +15,12 @@ from selfspec.records.runs import sampling_label
 
 def write_summary(out_dir: Path, summary: dict, title: str) -> str:
     """Write summary.json and summary.md (`title`, then the table, its verdict and, for prompts of several
-    categories, the speedups per category) into out_dir; returns what summary.md holds after the title."""
+    categories, the speedups per category: Spec-Bench's leaderboard columns for its six task types) into out_dir;
+    returns what summary.md holds after the title."""
     table = f"{markdown_table(summary)}\n\n{verdict(summary)}".strip()
-    if by_category := category_table(summary):
+    if leaderboard := leaderboard_table(summary):
+        table += f"\n\nSpeedup over plain decoding per Spec-Bench task type, as its leaderboard:\n\n{leaderboard}"
+    elif by_category := category_table(summary):
         table += f"\n\nSpeedup over plain decoding per prompt category (tokens per verification):\n\n{by_category}"
     write_file(out_dir / "summary.json", json.dumps(summary, indent=2))
     write_file(out_dir / "summary.md", f"{title}\n\n{table}\n")

@@ -105,7 +105,7 @@ def model_attention_masks(model, parents: list[list[int]], starts: list[int], ke
     return masks_by_layer_type(MODEL_WINDOWS[model], mask)
 
 
-MODEL_WINDOWS = weakref.WeakKeyDictionary()  # model -> its mask_windows, read once (0.8 ms a read on SmolLM2)
+MODEL_WINDOWS = weakref.WeakKeyDictionary()  # model -> its mask_windows, read once: a read is dear beside a step
 
 
 def mask_windows(config) -> int | dict[str, int | None] | None:

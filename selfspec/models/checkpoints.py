@@ -2,9 +2,9 @@
 or the safetensors cache of a GGUF file. A checkpoint is checked against the layout registry (models/layouts.py) from
 its config before any weight is read.
 
-GGUF files take 20-60 s to dequantise, so the first load converts them once to safetensors under
+GGUF files are slow to dequantise, so the first load converts them once to safetensors under
 `<cache_dir>/<source>/` (a user's file: `<cache_dir>/gguf-<name>-<hash of path, size, time>/`); later loads read that
-folder in about a second. A hub id not in the cache is downloaded by huggingface_hub (its progress bar, the user's
+folder. A hub id not in the cache is downloaded by huggingface_hub (its progress bar, the user's
 token for gated models) after saying how big it is, unless HF_HUB_OFFLINE is set.
 """
 

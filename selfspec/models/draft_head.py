@@ -3,7 +3,7 @@
 Tokens outside the draft vocabulary get probability 0 in the draft; verification with the full model is
 unchanged, so greedy output and the sampled distribution stay the full model's (a draft token outside p's
 support is rejected, and the residual covers every token the draft cannot propose). It pays where the
-output layer is a large share of a step (Gemma-3-270M: a 262k-token vocabulary, ~45% of a step).
+output layer is a large share of a step (Gemma-3-270M's 262k-token vocabulary).
 """
 
 from collections import Counter

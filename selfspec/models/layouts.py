@@ -60,7 +60,7 @@ class Layout:
     as_layer: Callable[[object, int], None] = _as_layer  # set a one-layer copy's config to copy layer i
     refused: Callable[[object], str | None] = _no_variant_refused  # a variant of the block our decoding gets wrong
     # transformers 5.23's assisted generation (hf_early_exit, hf_assistant) ends in an IndexError inside the cache
-    # update of GPT-2, OPT, GPT-NeoX and Falcon models (measured on the tiny ones): those baselines are refused there
+    # update of GPT-2, OPT, GPT-NeoX and Falcon models: those baselines are refused there
     hf_assisted: bool = True
 
 

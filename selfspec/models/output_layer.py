@@ -1,15 +1,12 @@
 """The output layer as one matrix product we choose, shared by verification, plain steps and draft heads.
 
-`nn.Linear` computes hidden @ W.T; on the CPU of 2026-11-21 (MKL, fp32) that path was several times slower than
-W @ hidden.T for 2-8 rows, and MKL's one-row GEMV slower than its two-row GEMM (Gemma-3-270M, a (262144, 640)
-weight: 43 ms for one row through nn.Linear, 20 ms for two rows as W @ hidden.T). So rows are computed as
-W @ hidden.T, and a single row twice, so that a row's logits never depend on how many rows came with it. A draft's
-single row is computed whichever way is faster on this machine, timed once per weight shape (`one_row_product`): on
-the memory-bound CPU of 2026-11-28 the GEMV read the same (262144, 640) weight in 41 ms against 78 ms for the
-two-row product, and SmolLM2's 8192-row draft vocabulary in 1.4 ms against 2.9. Same math as the model's head; the
-summation order may differ. A model loaded
-with `model.packed_linears` on the CPU computes its own output layer through oneDNN instead (packed_linear.py), which
-is flat from 1 to 16 rows where `W @ hidden.T` grows 3-4x, and computes each row the same whatever the number of rows.
+`nn.Linear` computes hidden @ W.T, which on the CPU (MKL, fp32) can be several times slower than W @ hidden.T for a
+few rows, and MKL's one-row GEMV can be slower than its two-row GEMM. So rows are computed as W @ hidden.T, and a
+single row twice, so that a row's logits never depend on how many rows came with it. A draft's single row is
+computed whichever way is faster on this machine (the winner differs between machines), timed once per weight shape
+(`one_row_product`). Same math as the model's head; the summation order may differ. A model loaded with
+`model.packed_linears` on the CPU computes its own output layer through oneDNN instead (packed_linear.py), which
+costs about the same for any number of rows and computes each row the same whatever the number of rows.
 """
 
 from collections.abc import Callable
@@ -52,7 +49,7 @@ def gemv(weight: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
 
 
 def two_row_gemm(weight: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-    """The row computed twice: a real copy, since a stride-0 expand takes a slow path (66 ms, not 16)."""
+    """The row computed twice: a real copy, since a stride-0 expand takes a slow path."""
     return (weight @ hidden.repeat(2, 1).T).T[:1]  # (1, vocab)
 
 

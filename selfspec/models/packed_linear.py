@@ -1,26 +1,20 @@
 """The decoder's linear layers and the output layer through oneDNN, each weight packed once at load
 (`model.packed_linears`).
 
-On this CPU `nn.Linear` (MKL sgemm, fp32) is slow for the few rows of a decoding step and grows with each row: the
-linears of SmolLM2's 30 layers took 19 ms for 1 row, 28 ms for 2 and 36 ms for 4. oneDNN with the weight packed
-once into its blocked layout takes 9, 10 and 11 ms. A whole forward then costs about the same for 1 to 6 tokens
-(SmolLM2 c(q) 37 / 55 / 63 / 54 ms -> 26 / 26 / 28 / 26 ms for q = 1..4), so plain decoding gets faster and a
-verification of several drafts costs about one plain step. These are the ops torch.compile's CPU weight
-prepacking emits for low-precision weights, on Arm and when compiling ahead of time (`mkldnn._reorder_linear_weight`,
-`mkldnn._linear_pointwise`), without compiling; for float32 it picks MKL's packed sgemm (`mkl._mkl_linear`), which
-was no faster than `nn.Linear` here (18 / 25 / 38 ms). Each output row is computed the same whatever the number of
-rows (measured here), as for the one-row-as-two output layer (output_layer.py).
+On the CPU, `nn.Linear` (MKL sgemm, fp32) grows with each row of a decoding step, while oneDNN with the weight
+packed into its blocked layout costs about the same for 1 to 6 rows: plain decoding gets faster and a verification
+of several drafts costs about one plain step (docs/results.md). These are the ops torch.compile's CPU weight
+prepacking emits (`mkldnn._reorder_linear_weight`, `mkldnn._linear_pointwise`), called without compiling; for
+float32 torch.compile picks MKL's packed sgemm, which is no faster than `nn.Linear`. Each output row is computed the
+same whatever the number of rows, as for the output layer (output_layer.py).
 
 The output layer's weight is packed beside the dense one (`pack_output_layer`; it is often the input embedding,
-which must stay dense): SmolLM2's (49152, 576) took 5.3 / 5.1 / 6.0 / 14.1 / 18.4 ms for 1 / 2 / 4 / 8 / 16 rows as
-`W @ hidden.T` (output_layer.py) and 5.4 / 5.6 / 4.9 / 6.4 / 7.3 ms packed; Gemma-3-270M's (262144, 640) 31 / 31 /
-39 / 83 / 112 ms and 34 / 38 / 28 / 35 / 44 ms. A verification of a tree, or a batch's forward, scores that many
-rows: packed, one or two rows cost up to a quarter more, 8 or more a half to a third as much. The price is a second
-copy of the weight: SmolLM2 113 MiB, Gemma-3-270M 640 MiB in float32.
+which must stay dense): a tree's verification or a batch's forward scores many rows, where the packed product is
+cheaper; the price is a second copy of the weight.
 
-Packed only where it pays: a float32 model wholly on the CPU (bfloat16 took a slow path for 2 rows, 20x) with
-oneDNN available; inference only (the op has no backward). `unpacked_copy` gives back the stock model, for the
-baseline a user without selfspec has (strategy hf_generate_stock).
+Packed only where it pays: a float32 model wholly on the CPU (bfloat16 takes a slow path) with oneDNN available;
+inference only (the op has no backward). `unpacked_copy` gives back the stock model, the baseline a user without
+selfspec has (strategy hf_generate_stock).
 """
 
 import copy
@@ -31,7 +25,7 @@ from torch import nn
 from selfspec.models.grouped_attention import GROUPED_SDPA, use_sdpa_attention
 from selfspec.models.layouts import decoder_layers
 
-ROWS_HINT = 4  # the row count oneDNN blocks the weight for: 2, 4 and 8 measured alike here, 1 slowed every q > 1
+ROWS_HINT = 4  # the row count oneDNN blocks the weight for; 1 would slow every multi-row forward
 
 
 class PackedLinear(nn.Module):
@@ -120,8 +114,8 @@ def _pack(module) -> int:
 def unpacked_copy(model):
     """The stock model a user would otherwise have: a second model object with `nn.Linear` where `model` has a
     PackedLinear, no packed output layer and transformers' own attention (models/grouped_attention.py), sharing every
-    other parameter and buffer with `model`, which stays as it is; `model` itself where it is stock already. Its
-    memory is one dense copy of the packed weights: SmolLM2-135M ~405 MiB, Gemma-3-270M ~383 MiB in float32."""
+    other parameter and buffer with `model`, which stays as it is; `model` itself where it is stock already. It costs
+    one dense copy of the packed weights."""
     packed = [module for module in model.modules() if isinstance(module, PackedLinear)]
     if not packed and model.config._attn_implementation != GROUPED_SDPA:
         return model

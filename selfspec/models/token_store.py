@@ -80,7 +80,7 @@ class TokenStore:
         """(vocab_size,) the log of `next_counts`, -inf for ids it does not hold: softmax gives their shares."""
         ids, counts = self.next_counts(context)
         logits = np.full(self.vocab_size, -np.inf, dtype=np.float32)  # (vocab_size,); numpy fills on one thread,
-        # where torch.full woke its thread pool for ~3 ms on this CPU while another process ran
+        # where torch.full wakes its thread pool, slow while another process holds the cores
         logits[ids] = np.log(counts)
         return torch.from_numpy(logits).to(device)
 

@@ -43,7 +43,7 @@ class PromptRecord:
     batch_size: int = 1  # rows of the batch it was decoded in (run.py batch_size; fewer where fewer prompts were left)
     batch_neighbours: list[str] = field(default_factory=list)  # the question ids in the batch while it was
     batch_group: list[str] = field(default_factory=list)  # the question ids the batch decoded, one after another as
-    # rows ended (evaluate.GROUP_BATCHES); []: records written before groups, whose batch was it and its neighbours
+    # rows ended (evaluate.GROUP_BATCHES); []: not recorded, the batch is it and its neighbours
     batch_elapsed_s: float | None = None  # the group's wall time, median over repeats (elapsed_s: this row's)
     output_ids: list[int] = field(default_factory=list)
     output_text: str = ""
@@ -191,8 +191,8 @@ class BatchTime:
 
 def batch_times(records: list[PromptRecord]) -> list[BatchTime]:
     """Each batch of one strategy's records once, in order of appearance: a batch's rows share the turn and the
-    group of question ids it decoded, and each holds the group's wall time (batch_elapsed_s; records written before
-    batching: their own elapsed_s, a batch of one)."""
+    group of question ids it decoded, and each holds the group's wall time (batch_elapsed_s; a record without it: its own
+    elapsed_s, a batch of one)."""
     batches: dict[tuple[int, frozenset[str]], BatchTime] = {}
     for r in records:
         group = r.batch_group or [r.question_id, *r.batch_neighbours]

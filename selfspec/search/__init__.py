@@ -7,7 +7,7 @@ the search prompts self-speculatively with that skip set, and scores it:
 - `tokens_per_s`: decode speed (tokens after the first / seconds after the prefill), the paper's objective;
 - `acceptance`: mean tokens emitted per verification forward (1.0 = the draft never helps);
 - `pareto`: two objectives, the share of sublayers skipped (draft cost saved) and mean accepted tokens.
-  best_skip.yaml gets the Pareto-front trial with the highest expected speedup (cost_model.expected_speedup:
+  best_skip.yaml gets the Pareto-front trial with the highest expected speedup (costs.expected_speedup:
   draft forwards cost (1 - skipped_fraction) of a full forward, a verification one full forward);
 - `cost_model`: the speedup over plain decoding that this machine's measured step costs predict for the
   trial's draft/verify trace (selfspec/decoding/costs.py): no timing noise, and it prices what a CPU charges for

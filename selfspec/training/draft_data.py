@@ -140,7 +140,7 @@ def sequence_states(model, sequences: list[list[int]], prompt_lengths: list[int]
             saved = {"sequences": shard, **{part: [half(state[i]) for state in states]
                                             for i, part in enumerate(("final", "shallow", "inner"))}}
             save_atomic(saved, path)
-        inner = saved.get("inner", [None] * len(shard))  # shards written before fused layers hold none
+        inner = saved.get("inner", [None] * len(shard))  # a shard made without fused layers holds none
         for seq, prompt_length, *states in zip(shard, prompt_lengths[start:start + shard_size], saved["final"],
                                                saved["shallow"], inner):
             out.append(TrainingSequence(torch.tensor(seq), prompt_length, *(as_dtype(s, model.dtype) for s in states)))
