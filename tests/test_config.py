@@ -36,6 +36,13 @@ def test_each_model_brings_its_own_skip_set():
         assert compose_with([f"model={model}"]).skip == compose_with([f"skip={model}"]).skip
 
 
+@pytest.mark.parametrize("model", ["smollm2", "gemma3_270m"])
+def test_a_models_searched_set_is_its_skip_set_written_once(model):
+    shipped = compose_with([f"model={model}"]).skip
+    searched = compose_with([f"model={model}", "skip=none"]).model.searched_skip  # the skip group chosen aside
+    assert (searched.attn, searched.mlp) == (shipped.attn, shipped.mlp)
+
+
 @pytest.mark.parametrize("overrides,message", [
     (["draft=threshold", "draft.threshold=1.5"], "draft.threshold=1.5 is outside [0, 1]"),
     (["sampling.max_new_tokens=-3"], "sampling.max_new_tokens=-3 must be >= 1"),
