@@ -1,5 +1,6 @@
 """Every option of every config group composes, and bad values end with a one-line message."""
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -7,6 +8,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from helpers import main_in_process, run_py
+from selfspec.cli import current_spellings, main
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"
@@ -49,7 +51,7 @@ def test_a_models_searched_set_is_its_skip_set_written_once(model):
     (["skip.attn=[0,99]"], "skip.attn: layer id 99 is out of range; allowed: 0..5"),
     (["data=jsonl"], "data.path"),
     (["strategies=[plain,fastest]"], "strategy 'fastest' is unknown"),
-    # what a new user tries (issue 14): each ends in one line naming the key and what is allowed
+    # what a new user tries: each ends in one line naming the key and what is allowed
     (["sampling.max_new_tokens=abc"], "sampling.max_new_tokens=abc is not allowed; it must be an integer"),
     (["draft.threshold=high"], "draft.threshold=high is not allowed; it must be a number"),
     (["search=optuna", "search.n_trials=-3"], "search.n_trials=-3 must be >= 1"),
@@ -85,3 +87,21 @@ def test_an_unknown_group_option_ends_run_py_with_one_line(tmp_path):
 def test_an_unknown_option_or_key_on_the_command_line_is_one_line(tmp_path, monkeypatch, capsys, override, message):
     code, stderr = main_in_process(monkeypatch, capsys, override, f"hydra.run.dir={tmp_path}")
     assert code == 2 and stderr == f"selfspec: error: {message}\n"
+
+
+def test_the_draft_head_group_is_trained_draft_under_its_old_name_too():
+    old = ["draft_head=kangaroo", "draft_head.feature_noise=0.2"]
+    assert current_spellings(old) == (
+        ["trained_draft=kangaroo", "trained_draft.feature_noise=0.2"],
+        ["draft_head=kangaroo is now trained_draft=kangaroo",
+         "draft_head.feature_noise=0.2 is now trained_draft.feature_noise=0.2"])
+
+
+@pytest.mark.parametrize("old,new", [("draft_head=kangaroo", "trained_draft=kangaroo")])
+def test_run_py_runs_an_old_spelling_as_the_new_one_after_one_warning_line(tmp_path, monkeypatch, capsys, old, new):
+    monkeypatch.setattr(sys, "argv", ["run.py", old, "--cfg", "job"])
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)  # main() sets it
+    main()
+    out, err = capsys.readouterr()
+    assert err == f"selfspec: warning: {old} is now {new}\n"
+    assert OmegaConf.create(out) == compose_with(new.split())
