@@ -18,6 +18,9 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 from selfspec.errors import SelfspecError, print_warnings_as_lines
 
 CONF = Path(__file__).resolve().parent / "conf"
+# data=<option> of one prompt set (or two) -> its data.name under data=shipped
+OLD_DATA_OPTIONS = {"humaneval": "humaneval", "chat": "chat", "summarize": "summarize", "qa": "qa", "math": "math",
+                    "translate": "translate", "retrieval": "retrieval", "humaneval_chat": "[humaneval,chat]"}
 RENAMED_GROUPS = {"draft_head": "trained_draft"}  # what experiment=train_draft trains
 
 
@@ -97,11 +100,15 @@ def current_spellings(overrides: list[str]) -> tuple[list[str], list[str]]:
 
 
 def current_spelling(override: str) -> list[str]:
-    """The overrides that `override` reads as now: itself, unless it names a renamed group."""
+    """The overrides that `override` reads as now: itself, unless it names a renamed group or an old data option
+    (a sweep of them, data=qa,chat, becomes a sweep of data.name)."""
     key, equals, value = override.partition("=")
     group, dot, rest = key.partition(".")
     if group in RENAMED_GROUPS:
         return [f"{RENAMED_GROUPS[group]}{dot}{rest}{equals}{value}"]
+    options = value.split(",")
+    if key == "data" and all(option in OLD_DATA_OPTIONS for option in options):
+        return ["data=shipped", f"data.name={','.join(OLD_DATA_OPTIONS[option] for option in options)}"]
     return [override]
 
 

@@ -89,6 +89,31 @@ def test_an_unknown_option_or_key_on_the_command_line_is_one_line(tmp_path, monk
     assert code == 2 and stderr == f"selfspec: error: {message}\n"
 
 
+OLD_DATA_BLOCK = dict(path=None, limit=10, split="all", turns="first", max_prompt_tokens=None)  # each set's own file
+
+
+@pytest.mark.parametrize("old,name", [(name, name) for name in ("humaneval", "chat", "summarize", "qa", "math",
+                                                                 "translate", "retrieval")]
+                         + [("humaneval_chat", ["humaneval", "chat"])])
+def test_an_old_data_option_is_its_shipped_set_with_one_warning(old, name):
+    overrides, warnings = current_spellings([f"data={old}", "data.split=evaluation"])
+    spelled = f"[{','.join(name)}]" if isinstance(name, list) else name
+    assert warnings == [f"data={old} is now data=shipped data.name={spelled}"]
+    data = OmegaConf.to_container(compose_with(overrides).data)
+    assert data == OLD_DATA_BLOCK | {"name": name, "split": "evaluation"}
+
+
+def test_a_sweep_of_old_data_options_is_a_sweep_of_data_names():
+    assert current_spellings(["-m", "data=qa,humaneval_chat"]) == (
+        ["-m", "data=shipped", "data.name=qa,[humaneval,chat]"],
+        ["data=qa,humaneval_chat is now data=shipped data.name=qa,[humaneval,chat]"])
+
+
+def test_current_spellings_are_left_as_they_are():
+    current = ["data=mix", "data=jsonl", "data=shipped", "data.name=qa", "trained_draft=kangaroo", "model=smollm2"]
+    assert current_spellings(current) == (current, [])
+
+
 def test_the_draft_head_group_is_trained_draft_under_its_old_name_too():
     old = ["draft_head=kangaroo", "draft_head.feature_noise=0.2"]
     assert current_spellings(old) == (
@@ -97,7 +122,8 @@ def test_the_draft_head_group_is_trained_draft_under_its_old_name_too():
          "draft_head.feature_noise=0.2 is now trained_draft.feature_noise=0.2"])
 
 
-@pytest.mark.parametrize("old,new", [("draft_head=kangaroo", "trained_draft=kangaroo")])
+@pytest.mark.parametrize("old,new", [("data=qa", "data=shipped data.name=qa"),
+                                     ("draft_head=kangaroo", "trained_draft=kangaroo")])
 def test_run_py_runs_an_old_spelling_as_the_new_one_after_one_warning_line(tmp_path, monkeypatch, capsys, old, new):
     monkeypatch.setattr(sys, "argv", ["run.py", old, "--cfg", "job"])
     monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)  # main() sets it

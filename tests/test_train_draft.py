@@ -175,7 +175,7 @@ def test_run_py_trains_resumes_and_benchmarks_a_feature_head_and_its_token_store
                     f"hydra.run.dir={tmp_path / 'resume'}", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resuming from" in result.stdout and "after epoch 1" in result.stdout and "epoch 2:" in result.stdout
-    result = run_py(*TINY_RUN, "data=chat", "data.limit=2", "sampling.max_new_tokens=24",
+    result = run_py(*TINY_RUN, "data.name=chat", "data.limit=2", "sampling.max_new_tokens=24",
                     "strategies=[plain,self_spec_head,self_spec_tree,store_tree]", f"draft.head={head}",
                     f"draft.store={store}", f"hydra.run.dir={tmp_path / 'eval'}", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -195,8 +195,9 @@ def test_run_py_trains_and_benchmarks_kangaroo(tmp_path):
     assert not (tmp_path / "train" / "draft_data").exists()
     adapter = tmp_path / "train" / "adapter.pt"
     assert adapter.is_file() and f"kangaroo.adapter_path={adapter}" in result.stdout
-    result = run_py(*TINY_RUN, "data=chat", "data.limit=2", "sampling.max_new_tokens=24", "strategies=[plain,kangaroo]",
-                    f"kangaroo.adapter_path={adapter}", f"hydra.run.dir={tmp_path / 'eval'}", timeout=300)
+    result = run_py(*TINY_RUN, "data.name=chat", "data.limit=2", "sampling.max_new_tokens=24",
+                    "strategies=[plain,kangaroo]", f"kangaroo.adapter_path={adapter}",
+                    f"hydra.run.dir={tmp_path / 'eval'}", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
     assert summary["kangaroo"]["outputs_match_plain"] == 1.0 and summary["kangaroo"]["acceptance_rate"] is not None

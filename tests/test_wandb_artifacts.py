@@ -17,7 +17,7 @@ from selfspec.training.train_draft import train
 
 from helpers import run_settings
 
-WANDB = ["model=tiny_llama", "model.dtype=float64", "logger=wandb", "logger.mode=offline", "data=chat",
+WANDB = ["model=tiny_llama", "model.dtype=float64", "logger=wandb", "logger.mode=offline", "data.name=chat",
          "data.limit=1", "sampling.max_new_tokens=8", "warmup=false"]
 
 
