@@ -60,7 +60,7 @@ search: install  ## Optuna skip-set search, then evaluate the best set: MODEL=, 
 HEAD ?= feature
 
 train-draft: install  ## Train a self-draft on the model's own generations: MODEL=, HEAD=feature|kangaroo, OUT=
-	$(PY) run.py experiment=train_draft model=$(MODEL) draft_head=$(HEAD) \
+	$(PY) run.py experiment=train_draft model=$(MODEL) trained_draft=$(HEAD) \
 		hydra.run.dir=$(or $(OUT),outputs/train_draft/$(MODEL)-$(HEAD)) $(ARGS)
 
 figures: install  ## Figures (PNG + PDF) from the latest records of each experiment into outputs/figures

@@ -5,7 +5,7 @@ smaller share is seen more often, not trained less. Then its validation after `t
 `val_chain`, agreement on generated text, loss).
 
     python experiments/head_data_scaling.py train.data_dir=outputs/draft_data/smollm2 train.epochs=4 \
-        [shares=0.125,0.25,0.5,1] [draft_head.chain_steps=3] [any experiment=train_draft override]
+        [shares=0.125,0.25,0.5,1] [trained_draft.chain_steps=3] [any experiment=train_draft override]
 
 The data is experiment=train_draft's (read from `train.data_dir` when made there with the same `train` settings,
 else made there). Each head is written to outputs/experiments/head_data_scaling/<date_time>/<share>/head.pt, to be
@@ -35,7 +35,7 @@ OUTPUTS = ROOT / "outputs/experiments/head_data_scaling"
 
 def main(argv: list[str]) -> None:
     shares = SHARES
-    overrides = ["model=smollm2", "draft_head=feature", "logger=none"]
+    overrides = ["model=smollm2", "trained_draft=feature", "logger=none"]
     for arg in argv:
         if arg.startswith("shares="):
             try:
@@ -48,8 +48,8 @@ def main(argv: list[str]) -> None:
             overrides.append(arg)
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         run = from_config(compose("config", overrides=overrides))
-    if run.draft_head.kind != "feature":
-        raise SelfspecError(f"draft_head={run.draft_head.kind}: this experiment trains feature heads only")
+    if run.trained_draft.kind != "feature":
+        raise SelfspecError(f"trained_draft={run.trained_draft.kind}: this experiment trains feature heads only")
     settings = run.train
     loaded = load_model(run.model)
     model = loaded.model.requires_grad_(False)
@@ -73,7 +73,7 @@ def main(argv: list[str]) -> None:
                          "passes": passes,
                          "minutes": (clock() - started) / 60, "last": history[-1], "best": best})
         (out_dir / "results.json").write_text(json.dumps(results, indent=1))
-    print(f"\n{loaded.name}, chain_steps={run.draft_head.chain_steps}, {settings.epochs} epochs; validation: "
+    print(f"\n{loaded.name}, chain_steps={run.trained_draft.chain_steps}, {settings.epochs} epochs; validation: "
           f"{len(by_prompt(val))} prompts, {sum(len(s.tokens) for s in val)} tokens")
     print("| share | prompts | tokens | passes an epoch | val_chain | agreement on generated text | val loss "
           "| best epoch | minutes |")

@@ -31,9 +31,12 @@ def random_skip_sets(num_layers: int, seed: int = 0) -> dict:
 
 
 def has_searched_skip(name: str) -> bool:
-    """Whether conf/model/<name>.yaml ships a searched skip set (model.searched_skip)."""
+    """Whether conf/model/<name>.yaml ships a searched skip set (model.searched_skip): written there, or a skip group's
+    file that its defaults list places there (/skip@searched_skip)."""
     path = CONF / "model" / f"{name}.yaml"
-    return path.is_file() and bool((yaml.safe_load(path.read_text()) or {}).get("searched_skip"))
+    written = (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+    placed = any(isinstance(entry, dict) and "/skip@searched_skip" in entry for entry in written.get("defaults", []))
+    return placed or bool(written.get("searched_skip"))
 
 
 def skip_sets_yaml(name: str, num_layers: int, seed: int = 0) -> str:

@@ -1,7 +1,8 @@
 """The `selfspec` console command (pyproject [project.scripts]), `python -m selfspec` and run.py: compose the Hydra
-config, build the typed settings, run the task; `selfspec strategies` lists the decoding strategies instead. The
-configs ship inside the package (selfspec/conf, a link to the checkout's conf/ that a wheel copies), so the command
-finds them from any directory."""
+config, build the typed settings, run the task; `selfspec strategies` lists the decoding strategies instead. Old
+spellings of renamed options are rewritten first, each with one `selfspec: warning:` line. The configs ship inside
+the package (selfspec/conf, a link to the checkout's conf/ that a wheel copies), so the command finds them from any
+directory."""
 
 import os
 import sys
@@ -17,13 +18,21 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError
 from selfspec.errors import SelfspecError, print_warnings_as_lines
 
 CONF = Path(__file__).resolve().parent / "conf"
+# data=<option> of one prompt set (or two) -> its data.name under data=shipped
+OLD_DATA_OPTIONS = {"humaneval": "humaneval", "chat": "chat", "summarize": "summarize", "qa": "qa", "math": "math",
+                    "translate": "translate", "retrieval": "retrieval", "humaneval_chat": "[humaneval,chat]"}
+RENAMED_GROUPS = {"draft_head": "trained_draft"}  # what experiment=train_draft trains
 
 
 def main() -> None:
     if sys.argv[1:] == ["strategies"]:
         print_strategies()
         return
-    check_run_dir(sys.argv[1:])
+    overrides, renamed = current_spellings(sys.argv[1:])
+    for message in renamed:
+        print(f"selfspec: warning: {message}", file=sys.stderr)
+    sys.argv[1:] = overrides  # what Hydra parses
+    check_run_dir(overrides)
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra raises a bad override's error here instead of printing its own
     try:
         run_task()
@@ -77,6 +86,30 @@ def composition_error(error: CompactHydraException) -> str:
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and cause.parent_node is not None:
         return unknown_key(cause.full_key[:-len(str(cause.key))], str(cause.key), cause.parent_node)
     return str(error)
+
+
+def current_spellings(overrides: list[str]) -> tuple[list[str], list[str]]:
+    """(`overrides` with every old spelling rewritten, a warning for each one rewritten)."""
+    rewritten, warnings = [], []
+    for override in overrides:
+        new = current_spelling(override)
+        if new != [override]:
+            warnings.append(f"{override} is now {' '.join(new)}")
+        rewritten += new
+    return rewritten, warnings
+
+
+def current_spelling(override: str) -> list[str]:
+    """The overrides that `override` reads as now: itself, unless it names a renamed group or an old data option
+    (a sweep of them, data=qa,chat, becomes a sweep of data.name)."""
+    key, equals, value = override.partition("=")
+    group, dot, rest = key.partition(".")
+    if group in RENAMED_GROUPS:
+        return [f"{RENAMED_GROUPS[group]}{dot}{rest}{equals}{value}"]
+    options = value.split(",")
+    if key == "data" and all(option in OLD_DATA_OPTIONS for option in options):
+        return ["data=shipped", f"data.name={','.join(OLD_DATA_OPTIONS[option] for option in options)}"]
+    return [override]
 
 
 def check_run_dir(argv: list[str]) -> None:

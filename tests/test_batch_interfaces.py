@@ -43,7 +43,7 @@ def test_a_bad_batch_ends_in_one_line(decoder, prompts, message):
         decoder.generate(prompts, max_new_tokens=4)
 
 
-RUN = ["model=tiny_llama", "logger=none", "data=humaneval", "data.limit=4", "sampling.max_new_tokens=8",
+RUN = ["model=tiny_llama", "logger=none", "data.name=humaneval", "data.limit=4", "sampling.max_new_tokens=8",
        "warmup=false"]
 
 

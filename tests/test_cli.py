@@ -34,7 +34,7 @@ def test_the_console_command_lists_the_config_groups_outside_the_checkout(tmp_pa
 
 
 def test_the_console_command_runs_a_tiny_model_like_run_py(tmp_path):
-    result = run_command(tmp_path, "model=tiny_llama", "logger=none", "data=chat", "data.limit=1",
+    result = run_command(tmp_path, "model=tiny_llama", "logger=none", "data.name=chat", "data.limit=1",
                          "sampling.max_new_tokens=8", "hydra.run.dir=out")
     assert result.returncode == 0, result.stderr[-2000:]
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())

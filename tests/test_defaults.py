@@ -10,9 +10,9 @@ from omegaconf import OmegaConf
 from selfspec import DEFAULT_DRAFT, SelfSpeculativeDecoder
 from selfspec.decoding.draft_exit import make_exit_policy
 from selfspec.models.tiny import tiny_model
-from selfspec.settings import (DataSettings, DraftHeadSettings, DraftSettings, HFSettings, KangarooSettings, LoggerSettings, ModelSettings,
+from selfspec.settings import (DataSettings, DraftSettings, HFSettings, KangarooSettings, LoggerSettings, ModelSettings,
                                RunOptions, SamplingSettings, SearchSettings, ServeSettings, SkipSettings,
-                               TrainSettings, default_settings)
+                               TrainedDraftSettings, TrainSettings, default_settings)
 
 from helpers import CONF, run_settings
 
@@ -68,7 +68,8 @@ def written_nodes() -> dict[type, list]:
                                                                        if "searched_skip" in m],
             DataSettings: options("data") + [search.data for search in options("search")],
             SearchSettings: options("search"), LoggerSettings: options("logger"), HFSettings: [config.hf],
-            KangarooSettings: options("kangaroo"), TrainSettings: [config.train], DraftHeadSettings: options("draft_head"),
+            KangarooSettings: options("kangaroo"), TrainSettings: [config.train],
+            TrainedDraftSettings: options("trained_draft"),
             ServeSettings: options("serve"), RunOptions: [config]}
 
 
@@ -83,4 +84,4 @@ def test_no_settings_field_restates_a_value_that_the_config_always_sets():
                 assert field.default_factory is dataclasses.MISSING, checked[-1]
     assert {"SamplingSettings.temperature", "DraftSettings.hybrid_policy", "TrainSettings.lr",
             "ModelSettings.packed_linears", "RunOptions.resume", "HFSettings.confidence_threshold",
-            "DraftHeadSettings.kind", "DraftSettings.head"} <= set(checked)
+            "TrainedDraftSettings.kind", "DraftSettings.head"} <= set(checked)

@@ -1,9 +1,11 @@
+import copy
 import dataclasses
 
 import pytest
 
 from selfspec.decoding.costs import DraftCosts, expected_emitted
-from selfspec.decoding.draft_exit import AdaptiveExit, CostAwareExit, DraftExit, ThresholdExit, make_exit_policy
+from selfspec.decoding.draft_exit import (AcceptanceTally, AdaptiveExit, CostAwareExit, DraftExit, ThresholdExit,
+                                          make_exit_policy)
 from selfspec.decoding.drafters.ngram import cut_copy
 from selfspec.errors import SelfspecError
 from selfspec.settings import default_settings
@@ -99,17 +101,18 @@ def test_cost_aware_policy_carries_what_drafting_taught_into_the_next_generation
     policy.observe_draft_ms(15.0)
     policy.plan(4)
     policy.should_stop(0.95)
-    learnt = (policy.first_rate, policy.later_rate, [[list(counts) for counts in bins] for bins in policy.bins])
+    learnt = (policy.first_rate, policy.later_rate, copy.deepcopy([policy.first_bins, policy.later_bins]))
     assert policy.first_rate < 0.2 and policy.wait > 4 and policy.idle > 0 and policy.confidences
     policy.begin()
-    assert (pytest.approx(policy.first_rate), pytest.approx(policy.later_rate), policy.bins) == learnt
+    assert (pytest.approx(policy.first_rate), pytest.approx(policy.later_rate),
+            [policy.first_bins, policy.later_bins]) == learnt
     assert (policy.idle, policy.wait, policy.confidences, policy.survival, policy.emitted) == (0, 4, [], 1.0, 1.0)
     assert policy.costs.draft_ms == pytest.approx((5.0 + 15.0) / 2)
     for _ in range(30):  # a generation of long accepted copies: 0.99 on the weight of ~100 tokens
         policy.update(10, 10)
     policy.begin()  # the next one starts from its rates, each on the prior's weight of 2 tokens
     assert min(policy.first_rate, policy.later_rate) > 0.95
-    assert policy.first_counts[1] == policy.later_counts[1] == 2.0
+    assert policy.first_counts.judged == policy.later_counts.judged == 2.0
     policy.update(1, 0)
     policy.update(1, 0)
     assert policy.first_rate < 0.5  # two rejected copies of a text unlike the last are enough
@@ -135,11 +138,13 @@ def test_cost_aware_policy_counts_only_the_draft_tokens_verification_judged():
     for confidence in (0.95, 0.95, 0.15):
         policy.should_stop(confidence)
     policy.update(3, 1)  # the first accepted, the second rejected, the third never judged
-    assert policy.first_counts == [pytest.approx(1.9), pytest.approx(2.8)]  # the prior 1 of 2, decayed, + 1 of 1
-    assert policy.later_counts == [0.0, 1.0]  # 0 of 1
+    # the prior 1 of 2, decayed, + 1 of 1
+    assert policy.first_counts == AcceptanceTally(pytest.approx(1.9), pytest.approx(2.8))
+    assert policy.later_counts == AcceptanceTally(0.0, 1.0)  # 0 of 1
     assert policy.acceptance == policy.threshold == pytest.approx(1.9 / 3.8)
     assert policy.later_rate == pytest.approx((0.0 + 2 * 1.9 / 2.8) / (1.0 + 2))  # shrunk to the first token's
-    assert policy.bins == [[[0.0, 0.0]] * 4 + [[1.0, 1.0]], [[0.0, 0.0]] * 4 + [[0.0, 1.0]]]
+    assert policy.first_bins == [AcceptanceTally(0.0, 0.0)] * 4 + [AcceptanceTally(1.0, 1.0)]
+    assert policy.later_bins == [AcceptanceTally(0.0, 0.0)] * 4 + [AcceptanceTally(0.0, 1.0)]
 
 
 def test_cost_aware_policy_learns_which_confidences_verification_accepts():
@@ -271,15 +276,15 @@ def test_cost_aware_tree_adds_a_branch_only_where_the_wider_verify_pays():
 def test_cost_aware_tree_learns_each_branch_kind_from_the_accepted_path():
     policy, _ = shaped_after_two_drafts((10.0, 12.0, 14.0, 19.0, 11.0))  # tree: chain 0 -> 1, a = 2 (root), b = 3 (0)
     policy.update_tree([2])  # a accepted: the first chain token was judged and rejected, b's parent was not accepted
-    assert policy.branch_counts == {"a": [1.0, 1.0]}
+    assert policy.branch_counts == {"a": AcceptanceTally(1.0, 1.0)}
     assert policy.first_rate == pytest.approx(0.9 / 2.8)  # the chain: its first token judged and rejected
-    assert policy.later_counts == [0.0, 0.0]  # its second never judged
+    assert policy.later_counts == AcceptanceTally(0.0, 0.0)  # its second never judged
     assert policy.branch_probability("a", 0.3) == pytest.approx((1 + 0.6) / 3)
     policy, _ = shaped_after_two_drafts((10.0, 12.0, 14.0, 19.0, 11.0))
     policy.update_tree([0, 3])  # b accepted after the first chain token: a was judged too, and rejected
-    assert policy.branch_counts == {"a": [0.0, 1.0], "b": [1.0, 1.0]}
+    assert policy.branch_counts == {"a": AcceptanceTally(0.0, 1.0), "b": AcceptanceTally(1.0, 1.0)}
     assert policy.first_rate == pytest.approx(1.9 / 2.8)  # the chain: its first token accepted, its second rejected
-    assert policy.later_counts == [0.0, 1.0]
+    assert policy.later_counts == AcceptanceTally(0.0, 1.0)
 
 
 def test_the_probe_of_a_drafter_that_cannot_pay_counts_its_steps_across_generations():
@@ -323,7 +328,7 @@ def test_a_tree_whose_first_token_alone_does_not_pay_is_drafted_for_its_siblings
     """Copies (d = 0) at a first-token rate of 1 in 10, c(q) = 10, 12, 12.5, 13: no chain pays alone; with a sibling
     beside its first token accepted 3 times in 5, a 1-token chain and the sibling (a 3-token verify) do."""
     policy = CostAwareExit(3, costs=DraftCosts((10.0, 12.0, 12.5, 13.0), draft_ms=0.0))
-    policy.first_counts = [1.0, 10.0]
+    policy.first_counts = AcceptanceTally(1.0, 10.0)
     assert policy.best_length(3)[1] < 1.0 and policy.plan(3) == 0
     assert policy.best_length(3, [0.6, 0.0]) == (1, pytest.approx(1.7 * 10 / 12.5))
     assert policy.plan(3, [0.6, 0.0]) == 3

@@ -19,7 +19,7 @@ from helpers import run_settings
 from wandb_history import run_group
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["model=tiny_llama", "data=chat", "data.limit=1", "sampling.max_new_tokens=8", "warmup=false"]
+TINY = ["model=tiny_llama", "data.name=chat", "data.limit=1", "sampling.max_new_tokens=8", "warmup=false"]
 
 
 @pytest.mark.parametrize("launcher, target, option", [("joblib", "JoblibLauncher", "n_jobs"),

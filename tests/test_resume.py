@@ -98,7 +98,7 @@ def record_row(strategy, question_id, output, plain_output) -> dict:
 
 
 # every run.py call here starts with these
-TINY_RUN = ["model=tiny_llama", "logger=none", "data=chat", "data.limit=4", "sampling.max_new_tokens=24",
+TINY_RUN = ["model=tiny_llama", "logger=none", "data.name=chat", "data.limit=4", "sampling.max_new_tokens=24",
             "strategies=[plain,self_spec]"]
 
 

@@ -16,7 +16,7 @@ TINY_RUN = ["data.limit=2", "sampling.max_new_tokens=24"]  # every run.py call h
 
 @pytest.mark.parametrize("model", ["tiny_llama", "tiny_gemma2"])
 def test_run_writes_records_summary_and_table(tmp_path, model):
-    result = run_py(*TINY_RUN, f"model={model}", "model.dtype=float64", "logger=none", "data=chat",
+    result = run_py(*TINY_RUN, f"model={model}", "model.dtype=float64", "logger=none", "data.name=chat",
                     "strategies=[plain,self_spec,self_spec_fixed,two_model]", "draft_model=tiny_llama",
                     out_dir=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -40,7 +40,7 @@ def test_run_writes_records_summary_and_table(tmp_path, model):
 
 
 def test_run_with_hf_baselines_records_peak_memory(tmp_path):
-    result = run_py(*TINY_RUN, "model=tiny_llama", "model.dtype=float64", "logger=none", "data=chat",
+    result = run_py(*TINY_RUN, "model=tiny_llama", "model.dtype=float64", "logger=none", "data.name=chat",
                     "draft_model=tiny_llama", "strategies=[plain,self_spec,hf_generate,hf_prompt_lookup,hf_early_exit,"
                     "hf_assistant]", "hf.early_exit_layer=3", out_dir=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -74,7 +74,7 @@ def test_offline_wandb_run_logs_steps_prompts_and_summary(tmp_path):
 
 def test_banned_words_and_stop_strings_hold_for_every_strategy_and_are_recorded(tmp_path):
     letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]  # a tiny random model's bytes hit some of them
-    result = run_py(*TINY_RUN, "model=tiny_llama", "model.dtype=float64", "logger=none", "data=chat",
+    result = run_py(*TINY_RUN, "model=tiny_llama", "model.dtype=float64", "logger=none", "data.name=chat",
                     "strategies=[plain,self_spec,self_spec_tree]", f"constraints.banned_words=[{','.join(letters)}]",
                     "sampling.stop=['0','1','2','3','4','5','6','7','8','9']", out_dir=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -38,7 +38,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread
 
 ROOT = Path(__file__).resolve().parents[1]
 # Small and fast: 1 evaluation prompt x 8 tokens after the search; 4 search prompts (chat 1..4) x 12 tokens.
-TINY = ["search=optuna", "logger=none", "data=chat", "data.limit=1", "sampling.max_new_tokens=8", "warmup=false",
+TINY = ["search=optuna", "logger=none", "data.name=chat", "data.limit=1", "sampling.max_new_tokens=8", "warmup=false",
         "search.data.limit=4", "search.max_new_tokens=12"]
 # One torch thread: on a shared 2-core machine two threads wait on each other for every small matmul.
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
@@ -239,7 +239,7 @@ def test_cost_model_study_with_early_exit_and_draft_vocabulary_feeds_self_spec_s
     def evaluation(*overrides):
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
             return compose("config", overrides=["model=tiny_llama", "model.dtype=float64", "logger=none",
-                                                "data=chat", "data.limit=1", "sampling.max_new_tokens=8",
+                                                "data.name=chat", "data.limit=1", "sampling.max_new_tokens=8",
                                                 "strategies=[plain,self_spec_searched]", *overrides])
     (tmp_path / "eval").mkdir()
     summary = run(from_config(evaluation(f"searched_skip.path={tmp_path / 'best_skip.yaml'}")), tmp_path / "eval")

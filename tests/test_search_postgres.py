@@ -31,9 +31,9 @@ from helpers import run_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 # Tiny trials (4 search prompts x 12 tokens on the tiny Llama), heartbeats every second, failed after 2 s of silence.
-WORKER = ["search=optuna", "model=tiny_llama", "logger=none", "data=chat", "data.limit=1", "sampling.max_new_tokens=8",
-          "warmup=false", "search.data.limit=4", "search.max_new_tokens=12", "search.study_name=shared",
-          "search.heartbeat_interval=1", "search.grace_period=2"]
+WORKER = ["search=optuna", "model=tiny_llama", "logger=none", "data.name=chat", "data.limit=1",
+          "sampling.max_new_tokens=8", "warmup=false", "search.data.limit=4", "search.max_new_tokens=12",
+          "search.study_name=shared", "search.heartbeat_interval=1", "search.grace_period=2"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled"}
 SEARCH = run_settings("search=optuna").search  # the config's search settings
 

@@ -312,7 +312,7 @@ def test_the_page_streams_replies_with_tokens_coloured_by_source_in_headless_chr
 
 
 def test_smollm2_streamed_greedy_reply_equals_run_py_plain_greedy_output(tmp_path):
-    run = subprocess.run([sys.executable, "run.py", "data=chat", "data.limit=1", "strategies=[plain]",
+    run = subprocess.run([sys.executable, "run.py", "data.name=chat", "data.limit=1", "strategies=[plain]",
                           "sampling.max_new_tokens=32", "logger=none", "warmup=false",
                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]

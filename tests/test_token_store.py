@@ -98,7 +98,7 @@ def test_the_tree_takes_the_store_where_nothing_is_copied_and_each_source_learns
         assert result.new_tokens == plain
         sources = Counter(step.source for step in result.steps if step.accepted)
         assert sources["store"] > 0
-    judged = max(policy.first_counts[1] for policy in hybrid.store.policies.by_n.values())
+    judged = max(policy.first_counts.judged for policy in hybrid.store.policies.by_n.values())
     assert judged > 2  # verified store drafts, beyond the prior's 2
 
 

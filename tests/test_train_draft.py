@@ -23,7 +23,7 @@ SMALL = ["train.sets=[chat]", "train.prompts_per_set=4", "train.samples_per_prom
 
 
 def settings(kind, *overrides):
-    return run_settings(*TINY_RUN, "experiment=train_draft", f"draft_head={kind}", "kangaroo.exit_layer=2", *SMALL,
+    return run_settings(*TINY_RUN, "experiment=train_draft", f"trained_draft={kind}", "kangaroo.exit_layer=2", *SMALL,
                         *overrides)
 
 
@@ -31,7 +31,7 @@ def training_data(model, tokenizer, run, data_dir, exit_layer):
     loaded = LoadedModel("tiny", model, tokenizer, ())
     sequences, prompt_lengths = generate_sequences(loaded, train_prompts(run.train), run.train, data_dir)
     return sequences, sequence_states(model, sequences, prompt_lengths, exit_layer, data_dir, run.train.generate_batch,
-                                      tuple(run.draft_head.fused_layers))
+                                      tuple(run.trained_draft.fused_layers))
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +40,8 @@ def model():
 
 
 @pytest.mark.parametrize("kind,overrides", [("feature", []), ("kangaroo", []), ("feature", ["train.targets=generated"]),
-                                            ("feature", ["draft_head.chain_steps=3"]),
-                                            ("feature", ["draft_head.fused_layers=[1,2]"])])
+                                            ("feature", ["trained_draft.chain_steps=3"]),
+                                            ("feature", ["trained_draft.fused_layers=[1,2]"])])
 def test_training_lowers_the_validation_loss_and_keeps_the_best(model, tokenizer, tmp_path, kind, overrides):
     run = settings(kind, "train.epochs=3", *overrides)
     exit_layer = 2 if kind == "kangaroo" else None
@@ -49,7 +49,7 @@ def test_training_lowers_the_validation_loss_and_keeps_the_best(model, tokenizer
     assert len(sequences) == 8 and all(len(s) > 12 for s in sequences)  # 4 prompts x (greedy + 1 sampled)
     assert len({tuple(s) for s in sequences}) > 4  # the sampled ones differ from the greedy ones
     assert all(d.final.shape == (len(d.tokens), 32) and (d.shallow is not None) == (kind == "kangaroo") for d in data)
-    fused = tuple(run.draft_head.fused_layers)
+    fused = tuple(run.trained_draft.fused_layers)
     assert all(d.inner.shape == (len(d.tokens), 32 * len(fused)) if fused else d.inner is None for d in data)
     prompts = [encode_prompt(tokenizer, p) for p in train_prompts(run.train)]
     assert all(d.tokens[:d.prompt_length].tolist() in prompts and d.prompt_length < len(d.tokens) for d in data)
@@ -94,7 +94,7 @@ def test_validation_holds_out_whole_prompts():
 def test_targets_generated_scores_the_generated_positions_alone(model):
     """Loss on generated positions only: the same per-position losses as over all positions, at exactly those."""
     sequence = TrainingSequence(torch.arange(10), 5, torch.randn(10, 32, dtype=torch.float64))
-    head, weights = new_part(model, "feature", None), settings("feature").draft_head
+    head, weights = new_part(model, "feature", None), settings("feature").trained_draft
     weight = model.lm_head.weight.detach()
     states = batch_states(head, model, [sequence], 0.0)
     loss, agree, generated = losses(states, model, weight, weights)
@@ -107,7 +107,7 @@ def test_chain_steps_score_every_step_of_the_chains(model):
     """Chains of 3 steps over 9 head positions score 9 + 8 + 7 positions (step s from position s - 1 on), the first
     9 exactly as teacher forcing alone does."""
     sequence = TrainingSequence(torch.arange(10), 5, torch.randn(10, 32, dtype=torch.float64))
-    head, weights = new_part(model, "feature", None), settings("feature").draft_head
+    head, weights = new_part(model, "feature", None), settings("feature").trained_draft
     weight = model.lm_head.weight.detach()
     forced, _, _ = losses(batch_states(head, model, [sequence], 0.0), model, weight, weights)
     chained, _, generated = losses(batch_states(head, model, [sequence], 0.0, steps=3), model, weight, weights)
@@ -132,7 +132,7 @@ def seeded_fit(model, data, run, folder):
     folder.mkdir(exist_ok=True)
     weight = model.lm_head.weight.detach()
     splits = split(data, run.train.val_fraction, run.train.seed)
-    part = new_part(model, "feature", None, tuple(run.draft_head.fused_layers))
+    part = new_part(model, "feature", None, tuple(run.trained_draft.fused_layers))
     return fit(part, model, splits, (weight, weight), run, folder, None, 0.0)
 
 
@@ -156,7 +156,7 @@ def test_shards_are_reused_and_training_resumes_exactly_and_reproducibly(model, 
     with pytest.raises(SelfspecError, match="loss on all positions, this run with .* loss on generated positions"):
         seeded_fit(model, data, settings("feature", "train.epochs=5", "train.targets=generated"), tmp_path / "stopped")
     with pytest.raises(SelfspecError, match=r"fused_layers=\[2\]: the checkpoint .* was trained with \[\]"):
-        seeded_fit(model, data, settings("feature", "train.epochs=5", "draft_head.fused_layers=[2]"),
+        seeded_fit(model, data, settings("feature", "train.epochs=5", "trained_draft.fused_layers=[2]"),
                    tmp_path / "stopped")
 
 
@@ -175,7 +175,7 @@ def test_run_py_trains_resumes_and_benchmarks_a_feature_head_and_its_token_store
                     f"hydra.run.dir={tmp_path / 'resume'}", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resuming from" in result.stdout and "after epoch 1" in result.stdout and "epoch 2:" in result.stdout
-    result = run_py(*TINY_RUN, "data=chat", "data.limit=2", "sampling.max_new_tokens=24",
+    result = run_py(*TINY_RUN, "data.name=chat", "data.limit=2", "sampling.max_new_tokens=24",
                     "strategies=[plain,self_spec_head,self_spec_tree,store_tree]", f"draft.head={head}",
                     f"draft.store={store}", f"hydra.run.dir={tmp_path / 'eval'}", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -195,8 +195,9 @@ def test_run_py_trains_and_benchmarks_kangaroo(tmp_path):
     assert not (tmp_path / "train" / "draft_data").exists()
     adapter = tmp_path / "train" / "adapter.pt"
     assert adapter.is_file() and f"kangaroo.adapter_path={adapter}" in result.stdout
-    result = run_py(*TINY_RUN, "data=chat", "data.limit=2", "sampling.max_new_tokens=24", "strategies=[plain,kangaroo]",
-                    f"kangaroo.adapter_path={adapter}", f"hydra.run.dir={tmp_path / 'eval'}", timeout=300)
+    result = run_py(*TINY_RUN, "data.name=chat", "data.limit=2", "sampling.max_new_tokens=24",
+                    "strategies=[plain,kangaroo]", f"kangaroo.adapter_path={adapter}",
+                    f"hydra.run.dir={tmp_path / 'eval'}", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((tmp_path / "eval" / "summary.json").read_text())
     assert summary["kangaroo"]["outputs_match_plain"] == 1.0 and summary["kangaroo"]["acceptance_rate"] is not None
@@ -205,19 +206,19 @@ def test_run_py_trains_and_benchmarks_kangaroo(tmp_path):
 @pytest.mark.parametrize("overrides,message", [
     (["strategies=[plain,kangaroo]", "kangaroo.adapter_path=nope.pt"], "kangaroo.adapter_path='nope.pt' does not exist"),
     (["strategies=[plain,self_spec_head]"], "strategy self_spec_head needs draft.head="),
-    (["experiment=train_draft", "draft_head=kangaroo", "kangaroo.exit_layer=9"],
+    (["experiment=train_draft", "trained_draft=kangaroo", "kangaroo.exit_layer=9"],
      "kangaroo.exit_layer=9 is out of range; allowed: 1..5"),
-    (["experiment=train_draft", "draft_head.fused_layers=[2,6]"],
-     "draft_head.fused_layers=[2, 6]: 6 is out of range; allowed: 1..5 (layers before the state)"),
-    (["experiment=train_draft", "draft_head.fused_layers=[0]"],
-     "draft_head.fused_layers=[0]: 0 is out of range; allowed: 1..5 (layers before the state)"),
-    (["experiment=train_draft", "draft_head=kangaroo", "draft_head.fused_layers=[2]"],
+    (["experiment=train_draft", "trained_draft.fused_layers=[2,6]"],
+     "trained_draft.fused_layers=[2, 6]: 6 is out of range; allowed: 1..5 (layers before the state)"),
+    (["experiment=train_draft", "trained_draft.fused_layers=[0]"],
+     "trained_draft.fused_layers=[0]: 0 is out of range; allowed: 1..5 (layers before the state)"),
+    (["experiment=train_draft", "trained_draft=kangaroo", "trained_draft.fused_layers=[2]"],
      "fused_layers=[2]: the Kangaroo adapter reads its exit layer's state alone; allowed: []"),
     (["experiment=train_draft", "train.resume=nowhere"], "train.resume='nowhere' holds no checkpoint.pt"),
     (["experiment=train_draft", "train.epochs=0"], "epochs=0 is out of range"),
     (["experiment=train_draft", "train.targets=prompt"], "targets='prompt' is unknown; allowed: generated, all"),
     (["experiment=train_draft", "train.self_prompts=-1"], "self_prompts=-1 is out of range"),
-    (["experiment=train_draft", "draft_head=kangaroo", "draft_head.chain_steps=2"],
+    (["experiment=train_draft", "trained_draft=kangaroo", "trained_draft.chain_steps=2"],
      "chain_steps=2: the Kangaroo adapter drafts on the model's own shallow layers, not on its own predictions; "
      "allowed: 1"),
     (["task=fly"], "task='fly' is unknown; allowed: evaluate, train_draft"),

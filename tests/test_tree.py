@@ -275,7 +275,7 @@ def test_cost_shaped_ngram_trees_stop_adding_a_branch_kind_that_is_not_accepted(
         assert had_fork[0]  # tried at first, at its prior
         assert all(had_fork) and len(had_fork) == 20 if fork_wins else not any(had_fork[-15:])
         fork = drafter.exit_policy.branch_counts[("ngram", 1, 1, True)]
-        assert (fork[0] / fork[1] > 0.9) if fork_wins else fork[0] == 0.0
+        assert (fork.accepted / fork.judged > 0.9) if fork_wins else fork.accepted == 0.0
 
 
 def test_cost_shaped_trees_keep_greedy_output_under_random_costs(model, tokenizer):

@@ -17,7 +17,7 @@ from selfspec.training.train_draft import train
 
 from helpers import run_settings
 
-WANDB = ["model=tiny_llama", "model.dtype=float64", "logger=wandb", "logger.mode=offline", "data=chat",
+WANDB = ["model=tiny_llama", "model.dtype=float64", "logger=wandb", "logger.mode=offline", "data.name=chat",
          "data.limit=1", "sampling.max_new_tokens=8", "warmup=false"]
 
 
@@ -65,7 +65,7 @@ def test_a_search_logs_its_best_skip_set_and_trials(tmp_path):
 
 @pytest.mark.parametrize("kind,file", [("feature", "head.pt"), ("kangaroo", "adapter.pt")])
 def test_draft_training_logs_its_losses_best_part_and_token_store(tmp_path, kind, file):
-    settings = run_settings(*WANDB, "experiment=train_draft", f"draft_head={kind}", "train.sets=[chat]",
+    settings = run_settings(*WANDB, "experiment=train_draft", f"trained_draft={kind}", "train.sets=[chat]",
                             "train.prompts_per_set=3", "train.samples_per_prompt=1", "train.max_new_tokens=8",
                             "kangaroo.exit_layer=4", "train.epochs=1")
     part = train(settings, tmp_path)

@@ -4,11 +4,10 @@
 draft distribution's top probability) falls below a fixed threshold; `adaptive` is Draft & Verify's rule,
 which moves that threshold after every verification towards a target acceptance rate; `cost` drafts only as far as
 drafting pays on this machine (CostAwareExit below).
-A little over our ~300 lines on purpose: the cost-aware exit, most of the file, reads beside the rules it
-generalises.
 """
 
 import dataclasses
+from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
@@ -109,26 +108,43 @@ PRIOR_TOKENS = 2.0  # the acceptance prior's weight: 1 of 2 at the start, the la
 FIRST_WAIT, LAST_WAIT = 4, 64  # steps without drafting before a probe; doubled after each probe that did not pay
 
 
+@dataclass
+class AcceptanceTally:
+    """Draft tokens verification accepted, of those it judged; both decayed, so that recent steps weigh most."""
+    accepted: float = 0.0
+    judged: float = 0.0
+
+    def add(self, accepted: float, judged: float) -> None:
+        self.accepted += accepted
+        self.judged += judged
+
+    def scale(self, factor: float) -> None:
+        self.accepted *= factor
+        self.judged *= factor
+
+    def rate_towards(self, prior: float, weight: float) -> float:
+        """accepted / judged, shrunk to `prior` as if `weight` more tokens had been judged at that rate."""
+        return (self.accepted + weight * prior) / (self.judged + weight)
+
+
 @dataclass(kw_only=True)
 class CostAwareExit(DraftExit):
     """`draft=cost`: draft only as far as drafting pays on this machine, and not at all when it does not.
 
     The costs are measured at the start (costs.CostMeter): c(q), a q-token forward of the full model, and d, one
     draft token. The policy then follows both as the decoding loop meets them, its own work included
-    (`observe_draft_ms`, `observe_verify_ms`): on SmolLM2 here the meter's c(2) read c(1) where the loop's 2-token
-    verify took 1.1-1.2 c(1), and d read 0.86-0.95 c(1) where the loop's draft token took 0.93-1.0. A step that
-    drafts k tokens, the first accepted with probability a1 and each later one with probability a given the ones
-    before it, emits E(k) = 1 + a1 (1 + a + ... + a^(k-1)) tokens for k d + c(k + 1) ms, where plain decoding spends
-    E(k) c(1). The two rates differ: a copy that starts right tends to go on right (SmolLM2's copies after a 1-token
-    match: a1 0.24, a 0.56-0.88), and one rate for both cut copies short. Before each draft the policy estimates a1
-    and a from what verification accepted lately and drafts only if some k beats plain decoding by `min_speedup`;
-    otherwise it drafts nothing and probes again after 4, 8, ..., 64 steps, so a drafter that stops paying costs at
-    most a probe now and then (and one that would not beat plain decoding by `min_best_speedup` even if every token
-    were accepted drafts only a 1-token probe every 64 steps: `can_pay`). While drafting, each token's draft
-    confidence, calibrated online against verification in confidence bins (a draft's first token apart from the
-    later ones), gives the chance that the draft so far survives; drafting stops as soon as no longer draft is
-    expected to raise the step's speedup. Copies from the context count as confidence 1.0, calibrated by the copying
-    drafter's own policy.
+    (`observe_draft_ms`, `observe_verify_ms`), which the meter's bare forwards leave out. A step that drafts k
+    tokens, the first accepted with probability a1 and each later one with probability a given the ones before it,
+    emits E(k) = 1 + a1 (1 + a + ... + a^(k-1)) tokens for k d + c(k + 1) ms, where plain decoding spends E(k) c(1).
+    The two rates differ: a copy that starts right tends to go on right, and one rate for both would cut copies
+    short. Before each draft the policy estimates a1 and a from what verification accepted lately and drafts only if
+    some k beats plain decoding by `min_speedup`; otherwise it drafts nothing and probes again after 4, 8, ..., 64
+    steps, so a drafter that stops paying costs at most a probe now and then (and one that would not beat plain
+    decoding by `min_best_speedup` even if every token were accepted drafts only a 1-token probe every 64 steps:
+    `can_pay`). While drafting, each token's draft confidence, calibrated online against verification in confidence
+    bins (a draft's first token apart from the later ones), gives the chance that the draft so far survives;
+    drafting stops as soon as no longer draft is expected to raise the step's speedup. Copies from the context count
+    as confidence 1.0, calibrated by the copying drafter's own policy.
 
     Token trees: the planned draft is the tree's chain; the tree drafters offer more nodes (runner-up tokens,
     other copies), each with a key for its kind and a prior, and `shape_tree` keeps those whose expected accepted
@@ -141,13 +157,16 @@ class CostAwareExit(DraftExit):
     # this: draft.min_best_speedup (make_exit_policy; 1.2); 1.0 adds no margin to min_speedup
     decay: float = 0.9  # weight of the history at each verification (about the last ten steps count)
     rows: int = 1  # the rows of the batch its drafter drafts a row of: that many times fewer can't-pay probes
-    first_counts: list[float] = field(default_factory=lambda: [PRIOR_TOKENS / 2, PRIOR_TOKENS], init=False)  # a
-    # draft's first token: [accepted, tested], decayed, from the prior 1 of 2
-    later_counts: list[float] = field(default_factory=lambda: [0.0, 0.0], init=False)  # the tokens after it that
-    # verification judged (each after an accepted one): [accepted, tested], decayed (later_rate: its prior)
-    bins: list[list[list[float]]] = field(default_factory=lambda: [[[0.0, 0.0] for _ in range(CONFIDENCE_BINS)]
-                                                                   for _ in range(2)], init=False)  # [later][bin]:
-    # [accepted, tested], decayed; later 0 for a draft's first token, 1 for the rest
+    # a draft's first tokens, from the prior 1 of 2
+    first_counts: AcceptanceTally = field(default_factory=lambda: AcceptanceTally(PRIOR_TOKENS / 2, PRIOR_TOKENS),
+                                          init=False)
+    # the tokens after a draft's first that verification judged (each after an accepted one); later_rate: its prior
+    later_counts: AcceptanceTally = field(default_factory=AcceptanceTally, init=False)
+    # per confidence bin (confidence_bin): a draft's first tokens, and its later ones
+    first_bins: list[AcceptanceTally] = field(
+        default_factory=lambda: [AcceptanceTally() for _ in range(CONFIDENCE_BINS)], init=False)
+    later_bins: list[AcceptanceTally] = field(
+        default_factory=lambda: [AcceptanceTally() for _ in range(CONFIDENCE_BINS)], init=False)
     confidences: list[float] = field(default_factory=list, init=False)  # of the draft in progress
     survival: float = field(default=1.0, init=False)  # P(every token of the draft so far is accepted)
     emitted: float = field(default=1.0, init=False)  # expected tokens the step emits if drafting stops now
@@ -155,11 +174,11 @@ class CostAwareExit(DraftExit):
     wait: int = field(default=FIRST_WAIT, init=False)
     unpaid: int = field(default=0, init=False)  # steps in a row that could not pay (can_pay), across generations
     branch_decay: float = 0.97  # weight of a tree node kind's history at each verification (about 30 steps)
-    branch_counts: dict[Hashable, list[float]] = field(default_factory=dict, init=False)  # key: [accepted, tested]
+    branch_counts: dict[Hashable, AcceptanceTally] = field(default_factory=dict, init=False)  # per tree node kind
     branches: list[tuple[int, Hashable]] = field(default_factory=list, init=False)  # the last tree's nodes after
     # its chain: (parent, key)
-    met: dict[int, int] = field(default_factory=dict, init=False)  # how often the loop met each cost: q for c(q),
-    # 0 for d
+    draft_met: int = field(default=0, init=False)  # how often the loop met d since the meter (or a probe) read it
+    verify_met: Counter[int] = field(default_factory=Counter, init=False)  # q -> how often it met c(q)
 
     def __post_init__(self):
         super().__post_init__()
@@ -173,13 +192,12 @@ class CostAwareExit(DraftExit):
         afresh, and the acceptance rate learnt so far becomes the new generation's prior, with the prior's weight
         (2 tokens): a drafter that paid drafts from the first step, and where the new text is unlike the last
         (copies of code, then a role-play), the first rejections pull the estimate down at once. A drafter that did
-        not pay probes the new text after 4 steps: the last text's back-off (up to 64 steps, longer than many
-        answers) kept such drafters from drafting ever again (a batch's rows, each on prompt after prompt, drafted
-        less from pass to pass). The later tokens' own counts keep at most the same weight; the confidence bins,
-        each tree node kind's rate and the costs carry over."""
-        self.first_counts = [PRIOR_TOKENS * self.first_rate, PRIOR_TOKENS]
-        scale = min(1.0, PRIOR_TOKENS / self.later_counts[1]) if self.later_counts[1] else 1.0
-        self.later_counts = [count * scale for count in self.later_counts]
+        not pay probes the new text after 4 steps: the last text's back-off can be longer than a whole answer, and
+        would keep it from drafting again. The later tokens' own counts keep at most the same weight; the confidence
+        bins, each tree node kind's rate and the costs carry over."""
+        self.first_counts = AcceptanceTally(PRIOR_TOKENS * self.first_rate, PRIOR_TOKENS)
+        if self.later_counts.judged:
+            self.later_counts.scale(min(1.0, PRIOR_TOKENS / self.later_counts.judged))
         self.confidences, self.survival, self.emitted, self.idle, self.branches = [], 1.0, 1.0, 0, []
         self.wait = FIRST_WAIT
 
@@ -191,19 +209,20 @@ class CostAwareExit(DraftExit):
     @property
     def acceptance(self) -> float:
         """Of every draft token verification judged, first or later."""
-        return (self.first_counts[0] + self.later_counts[0]) / (self.first_counts[1] + self.later_counts[1])
+        first, later = self.first_counts, self.later_counts
+        return (first.accepted + later.accepted) / (first.judged + later.judged)
 
     @property
     def first_rate(self) -> float:
         """a1: P(verification accepts a draft's first token)."""
-        return self.first_counts[0] / self.first_counts[1]
+        return self.first_counts.accepted / self.first_counts.judged
 
     @property
     def later_rate(self) -> float:
         """a: P(verification accepts a later draft token, given the ones before it), shrunk to the first token's rate
         (the prior's weight, 2 tokens): where later tokens are seldom judged (1-token drafts), it follows the first
-        token's rate as one rate for both did, instead of keeping a stale value that no longer draft would correct."""
-        return (self.later_counts[0] + PRIOR_TOKENS * self.first_rate) / (self.later_counts[1] + PRIOR_TOKENS)
+        token's rate instead of keeping a stale value that no longer draft would correct."""
+        return self.later_counts.rate_towards(self.first_rate, PRIOR_TOKENS)
 
     def longest(self, max_tokens: int) -> int:
         return min(max_tokens, self.max_tokens, len(self.costs.verify_ms) - 1)
@@ -223,8 +242,7 @@ class CostAwareExit(DraftExit):
         """Whether some draft length would beat plain decoding by `min_best_speedup` (and `min_speedup`) if
         verification accepted every draft token. A drafter that cannot only probes (`plan`): where even its best case
         is close to plain decoding, it pays only at an acceptance near 1, and the estimate, drafted on where it runs
-        high, loses more than it wins (SmolLM2's layer-skip draft here: a best case of 1.06x, and 0.94-0.97x where it
-        drafted)."""
+        high, loses more than it wins."""
         least = max(self.min_speedup, self.min_best_speedup)
         return any(self.costs.speedup(k + 1, k) >= least for k in range(1, self.longest(max_tokens) + 1))
 
@@ -234,20 +252,17 @@ class CostAwareExit(DraftExit):
         probe, so that the estimate can recover). A drafter that cannot pay at all (`can_pay`) drafts a single token
         every 64 such steps in a row, counted across generations (answers are often shorter), so that it meets its
         costs again: idle, it meets only c(1), which moves every cost alike, so costs met in a slow spell while it
-        drafted would keep it idle for good (Gemma-3's layer-skip draft with a margin of 1.3 here). What it met
-        before is stale by then, so the probe's reading weighs as much (`followed`). Such a probe costs SmolLM2's
-        layer-skip draft about 0.4 of a plain step. In a batch of B `rows` it comes every 64 B steps, so that the
-        batch probes as often as one generation alone: a row that probes alone stalls every row for its draft
-        forward (SmolLM2 at batch 8, experiment=batch's prompts: 13-16 probes in 122 steps, where there are now
-        0-3, each a 1-row draft forward of about 0.9 c(1): some 2% of the batch's time)."""
+        drafted would keep it idle for good. What it met before is stale by then, so the probe's reading weighs as
+        much (`followed`). In a batch of B `rows` it comes every 64 B steps, so that the batch probes as often as one
+        generation alone: a row that probes alone stalls every row for its draft forward."""
         self.confidences, self.survival, self.emitted, self.branches = [], 1.0, 1.0, []
         if not self.can_pay(max_tokens):
             self.unpaid += 1
             if self.unpaid < LAST_WAIT * self.rows:
                 return 0
             self.unpaid = 0
-            for stale in (0, 2):  # d and c(2), met 64 steps ago or more: the probe's reading weighs as much
-                self.met.pop(stale, None)
+            self.draft_met = 0  # d and c(2), met 64 steps ago or more: the probe's reading weighs as much
+            self.verify_met.pop(2, None)
             return 1
         self.unpaid = 0
         if self.best_length(max_tokens, siblings)[1] >= self.min_speedup:
@@ -272,7 +287,9 @@ class CostAwareExit(DraftExit):
 
     def observe_draft_ms(self, per_token_ms: float) -> None:
         """d as drafting meets it, the loop's own work included (`followed`)."""
-        self.costs = dataclasses.replace(self.costs, draft_ms=self.followed(0, self.costs.draft_ms, per_token_ms))
+        self.draft_met += 1
+        self.costs = dataclasses.replace(self.costs,
+                                         draft_ms=self.followed(self.draft_met, self.costs.draft_ms, per_token_ms))
 
     def observe_verify_ms(self, tokens: int, ms: float) -> None:
         """c(tokens) as verification meets it, the loop's own work included (`followed`), each q apart. c(1), met at
@@ -282,50 +299,44 @@ class CostAwareExit(DraftExit):
         if tokens > len(self.costs.verify_ms):
             return
         verify_ms = list(self.costs.verify_ms)
+        self.verify_met[tokens] += 1
         if tokens > 1:
-            verify_ms[tokens - 1] = self.followed(tokens, verify_ms[tokens - 1], ms)
+            verify_ms[tokens - 1] = self.followed(self.verify_met[tokens], verify_ms[tokens - 1], ms)
             self.costs = dataclasses.replace(self.costs, verify_ms=tuple(verify_ms))
             return
-        pace = self.followed(1, verify_ms[0], ms) / verify_ms[0]
+        pace = self.followed(self.verify_met[1], verify_ms[0], ms) / verify_ms[0]
         self.costs = DraftCosts(tuple(pace * c for c in verify_ms), pace * self.costs.draft_ms)
 
-    def followed(self, key: int, estimate: float, met_ms: float) -> float:
-        """A cost's estimate after the loop met it again at `met_ms`: the meter's reading counts as one meeting, so
-        the first meetings replace it fast (a mean of all so far) and then a moving average (`decay`) follows. The
-        meter times bare forwards; the loop's own work made SmolLM2's draft token 0.93-1.0 c(1) where it read
-        0.86-0.95, which a moving average from the reading took some 20 drafts to learn, drafting at a loss."""
-        self.met[key] = self.met.get(key, 0) + 1
-        weight = max(1 / (self.met[key] + 1), 1 - self.decay)
+    def followed(self, times_met: int, estimate: float, met_ms: float) -> float:
+        """A cost's estimate after the loop met it at `met_ms`, the `times_met`-th time: the meter's reading counts as
+        one meeting, so the first meetings replace it fast (a mean of all so far), since the meter's bare forwards
+        leave out the loop's own work, and then a moving average (`decay`) follows."""
+        weight = max(1 / (times_met + 1), 1 - self.decay)
         return (1 - weight) * estimate + weight * met_ms
 
     def calibrated(self, confidence: float, later: bool) -> float:
         """P(verification accepts a draft token of this confidence, a draft's first (`later` False) or a later one
         after accepted ones): its bin's rate, shrunk to the rate of its place in the draft."""
-        accepted, tested = self.bins[later][confidence_bin(confidence)]
-        return (accepted + 2 * (self.later_rate if later else self.first_rate)) / (tested + 2)
+        bins = self.later_bins if later else self.first_bins
+        return bins[confidence_bin(confidence)].rate_towards(self.later_rate if later else self.first_rate, 2)
 
     def update(self, drafted: int, accepted: int) -> None:
         if drafted == 0:
             return
         tested = min(drafted, accepted + 1)  # tokens after the first rejected one were never judged
-        for counts in (self.first_counts, self.later_counts, *self.bins[0], *self.bins[1]):
-            counts[0] *= self.decay
-            counts[1] *= self.decay
-        self.first_counts[0] += accepted > 0
-        self.first_counts[1] += 1
-        self.later_counts[0] += max(accepted - 1, 0)
-        self.later_counts[1] += tested - 1
+        for counts in (self.first_counts, self.later_counts, *self.first_bins, *self.later_bins):
+            counts.scale(self.decay)
+        self.first_counts.add(accepted > 0, 1)
+        self.later_counts.add(max(accepted - 1, 0), tested - 1)
         for i, confidence in enumerate(self.confidences[:tested]):
-            counts = self.bins[i > 0][confidence_bin(confidence)]
-            counts[0] += i < accepted
-            counts[1] += 1
+            bins = self.later_bins if i > 0 else self.first_bins
+            bins[confidence_bin(confidence)].add(i < accepted, 1)
         self.confidences = []  # an update without a draft before it (a resumed run's replay) moves only the rate
 
     def branch_probability(self, key: Hashable, prior: float) -> float:
         """P(verification accepts a tree node of kind `key` once its parent is accepted): its kind's rate, shrunk
         to `prior` (the drafter's guess, e.g. a runner-up's draft probability)."""
-        accepted, tested = self.branch_counts.get(key, (0.0, 0.0))
-        return (accepted + 2 * prior) / (tested + 2)
+        return self.branch_counts.get(key, AcceptanceTally()).rate_towards(prior, 2)
 
     def shape_tree(self, parents: list[int], keys: list[Hashable], priors: list[float], max_nodes: int
                    ) -> tuple[list[int], list[int]]:
@@ -372,13 +383,10 @@ class CostAwareExit(DraftExit):
         accepted = set(path)
         self.update(k, sum(1 for i in path if i < k))
         for counts in self.branch_counts.values():
-            counts[0] *= self.branch_decay
-            counts[1] *= self.branch_decay
+            counts.scale(self.branch_decay)
         for node, (parent, key) in enumerate(self.branches, start=k):
             if parent == -1 or parent in accepted:
-                counts = self.branch_counts.setdefault(key, [0.0, 0.0])
-                counts[0] += node in accepted
-                counts[1] += 1
+                self.branch_counts.setdefault(key, AcceptanceTally()).add(node in accepted, 1)
         self.branches = []
 
 

@@ -67,7 +67,7 @@ class StrategyInputs:
     def require_feature_head(self, strategy: str) -> None:
         if self.feature_head is None:
             raise SelfspecError(f"strategy {strategy} needs draft.head=<head.pt> (or shipped, where the model ships "
-                                f"one); train one with python run.py experiment=train_draft draft_head=feature")
+                                f"one); train one with python run.py experiment=train_draft trained_draft=feature")
 
     def require_token_store(self, strategy: str) -> None:
         if self.token_store is None:

@@ -27,7 +27,7 @@ from selfspec.models.packed_linear import pack_module
 from selfspec.models.trained_parts import SHIPPED, one_layer_model, read_part, save_part, shipped_path
 
 KIND = "feature"
-TRAIN_HINT = "train one with python run.py experiment=train_draft draft_head=feature"
+TRAIN_HINT = "train one with python run.py experiment=train_draft trained_draft=feature"
 
 
 class FeatureHead(nn.Module):
@@ -65,7 +65,7 @@ def check_fused_layers(fused_layers: tuple[int, ...], layers: int) -> int:
     the index of the last layer, which the head copies."""
     for layer in fused_layers:
         if not 1 <= layer < layers:
-            raise SelfspecError(f"draft_head.fused_layers={list(fused_layers)}: {layer} is out of range; allowed: "
+            raise SelfspecError(f"trained_draft.fused_layers={list(fused_layers)}: {layer} is out of range; allowed: "
                                 f"1..{layers - 1} (layers before the state)")
     return layers - 1
 

@@ -50,7 +50,7 @@ def load_adapter(path, model, exit_layer: int | None = None) -> tuple[nn.Module,
     """(adapter, exit_layer) from `kangaroo.adapter_path`; it must be trained for this model (and this exit layer
     when one is configured)."""
     saved = read_part(path, model, KIND, "kangaroo.adapter_path",
-                      "train one with python run.py experiment=train_draft draft_head=kangaroo")
+                      "train one with python run.py experiment=train_draft trained_draft=kangaroo")
     trained_exit = saved["exit_layer"]
     if exit_layer is not None:
         check_exit_layer(exit_layer, num_layers(model))

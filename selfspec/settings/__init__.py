@@ -16,13 +16,13 @@ from selfspec.settings.config import (LaunchSettings, RunOptions, RunSettings, d
 from selfspec.settings.decoding import (MAX_BANNED_WORDS, POLICIES, ConstraintSettings, DraftSettings,
                                         SamplingSettings, SkipSet, SkipSettings, check_banned_words,
                                         default_threshold, make_skip_set)
-from selfspec.settings.groups import (DEVICE_MAP_PLANS, FORMAT_NAMES, DataSettings, DraftHeadSettings, HFSettings,
-                                      KangarooSettings, LoggerSettings, ModelSettings, SearchSettings, ServeSettings,
-                                      TrainSettings)
+from selfspec.settings.groups import (DEVICE_MAP_PLANS, FORMAT_NAMES, DataSettings, HFSettings, KangarooSettings,
+                                      LoggerSettings, ModelSettings, SearchSettings, ServeSettings,
+                                      TrainedDraftSettings, TrainSettings)
 from selfspec.settings.typed import named, named_error, typed
 
 __all__ = ["DEVICE_MAP_PLANS", "FORMAT_NAMES", "MAX_BANNED_WORDS", "POLICIES", "ConstraintSettings", "DataSettings",
-           "DraftHeadSettings", "DraftSettings", "HFSettings", "KangarooSettings", "LaunchSettings",
-           "LoggerSettings", "ModelSettings", "RunOptions", "RunSettings", "SamplingSettings", "SearchSettings",
-           "ServeSettings", "SkipSet", "SkipSettings", "TrainSettings", "check_banned_words", "default_settings",
+           "DraftSettings", "HFSettings", "KangarooSettings", "LaunchSettings", "LoggerSettings", "ModelSettings",
+           "RunOptions", "RunSettings", "SamplingSettings", "SearchSettings", "ServeSettings", "SkipSet",
+           "SkipSettings", "TrainSettings", "TrainedDraftSettings", "check_banned_words", "default_settings",
            "default_threshold", "from_config", "launch_settings", "make_skip_set", "named", "named_error", "typed"]

@@ -10,8 +10,8 @@ from omegaconf.errors import MissingMandatoryValue, OmegaConfBaseException
 
 from selfspec.errors import SelfspecError
 from selfspec.settings.decoding import ConstraintSettings, DraftSettings, SamplingSettings, SkipSettings
-from selfspec.settings.groups import (DataSettings, DraftHeadSettings, HFSettings, KangarooSettings, LoggerSettings,
-                                      ModelSettings, SearchSettings, ServeSettings, TrainSettings)
+from selfspec.settings.groups import (DataSettings, HFSettings, KangarooSettings, LoggerSettings, ModelSettings,
+                                      SearchSettings, ServeSettings, TrainedDraftSettings, TrainSettings)
 from selfspec.settings.typed import CONF, at_least, one_of, type_error, typed
 
 TASKS = ("evaluate", "train_draft", "serve")
@@ -74,7 +74,7 @@ class RunSettings(RunOptions):
     logger: LoggerSettings
     hf: HFSettings
     kangaroo: KangarooSettings
-    draft_head: DraftHeadSettings
+    trained_draft: TrainedDraftSettings
     train: TrainSettings
     launch: LaunchSettings = field(default_factory=LaunchSettings)  # set by run.py from Hydra's runtime config
     serve: Optional[ServeSettings] = None
@@ -98,7 +98,7 @@ def from_config(cfg: DictConfig) -> RunSettings:
         search=typed(SearchSettings, plain["search"], "search") if plain.get("search") else None,
         data=typed(DataSettings, plain["data"], "data"), logger=typed(LoggerSettings, plain["logger"], "logger"),
         hf=typed(HFSettings, plain["hf"], "hf"), kangaroo=typed(KangarooSettings, plain["kangaroo"], "kangaroo"),
-        draft_head=typed(DraftHeadSettings, plain["draft_head"], "draft_head"),
+        trained_draft=typed(TrainedDraftSettings, plain["trained_draft"], "trained_draft"),
         train=typed(TrainSettings, plain["train"], "train"),
         serve=typed(ServeSettings, plain["serve"], "serve") if plain.get("serve") else None)
 

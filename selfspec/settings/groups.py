@@ -1,4 +1,4 @@
-"""The settings of the run's other groups: model, data, search, logger, hf, kangaroo, draft_head and train, serve."""
+"""The settings of the run's other groups: model, data, search, logger, hf, kangaroo, trained_draft and train, serve."""
 
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -187,7 +187,7 @@ class HFSettings:
                                 f"0 drafts a fixed length")
 
 
-DRAFT_HEAD_KINDS = ("feature", "kangaroo")
+TRAINED_DRAFT_KINDS = ("feature", "kangaroo")
 
 
 @dataclass(frozen=True)
@@ -229,8 +229,8 @@ class TrainSettings:
 
 
 @dataclass(frozen=True)
-class DraftHeadSettings:
-    """The `draft_head` group: which draft experiment=train_draft trains, and its loss."""
+class TrainedDraftSettings:
+    """The `trained_draft` group: which draft experiment=train_draft trains, and its loss."""
     kind: str  # feature | kangaroo
     feature_weight: float  # x smooth-L1 between predicted and true final hidden states
     soft_ce_weight: float  # x cross-entropy against the full model's next-token distribution
@@ -239,7 +239,7 @@ class DraftHeadSettings:
     fused_layers: tuple[int, ...]  # the feature head also reads the model's states after these many layers (EAGLE-3)
 
     def __post_init__(self):
-        one_of("kind", self.kind, DRAFT_HEAD_KINDS)
+        one_of("kind", self.kind, TRAINED_DRAFT_KINDS)
         for name in ("feature_weight", "soft_ce_weight", "feature_noise"):
             at_least(name, getattr(self, name), 0)
         at_least("chain_steps", self.chain_steps, 1)

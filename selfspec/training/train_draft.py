@@ -1,5 +1,5 @@
 """Train a draft made of the model's own parts plus one trained layer (`python run.py experiment=train_draft
-draft_head=feature|kangaroo`): distil the full model into it on the model's own generations (draft_data.py).
+trained_draft=feature|kangaroo`): distil the full model into it on the model's own generations (draft_data.py).
 
 - feature (models/feature_head.py): from (h_t, embedding of x_{t+1}) predict h_{t+1}, the next final hidden state.
 - kangaroo (models/kangaroo_adapter.py): from the state after `kangaroo.exit_layer` layers predict h_t.
@@ -12,7 +12,7 @@ step, and every greedy next token is among them); validation scores with all of 
 scores only the positions that predict the model's own continuation (what drafting sees); the prompt's positions
 stay as context.
 Inputs get Gaussian noise of std `feature_noise` (the head drafts on its own predictions after the first token);
-with `draft_head.chain_steps` above 1 the feature head also learns from the chains it drafts on its own predictions
+with `trained_draft.chain_steps` above 1 the feature head also learns from the chains it drafts on its own predictions
 (chains.py, EAGLE-3's training-time test), every step's positions scored alike.
 AdamW on padded batches of sequences; a validation split by prompt (a prompt's sequences often open alike).
 
@@ -56,12 +56,12 @@ def train(run: RunSettings, out_dir: Path) -> Path:
     """The train_draft task; returns the path of the trained part."""
     started = clock()
     torch.manual_seed(run.seed)
-    settings, kind = run.train, run.draft_head.kind
+    settings, kind = run.train, run.trained_draft.kind
     work_dir = resume_dir(settings.resume, out_dir)
     loaded = load_model(run.model)
     model = loaded.model.requires_grad_(False)  # frozen: gradients flow into the draft only
     exit_layer = check_exit_layer(run.kangaroo.exit_layer, num_layers(model)) if kind == "kangaroo" else None
-    fused_layers = tuple(run.draft_head.fused_layers)
+    fused_layers = tuple(run.trained_draft.fused_layers)
     check_fused_layers(fused_layers, num_layers(model))  # before the data, which holds their states
     data_dir = Path(settings.data_dir).expanduser() if settings.data_dir else work_dir / "draft_data"
     store_path = work_dir / "store.pt"  # the generations themselves, to draft from (models/token_store.py)
@@ -153,7 +153,7 @@ def fit(part, model, splits: tuple[list, list], rows: tuple[torch.Tensor, torch.
     """Train (or go on training) up to train.epochs epochs on `splits`, (training, validation) sequences; returns
     the history, one dict per epoch (epoch 0: the untrained part). `rows`: the output-layer rows the training loss
     scores with (train.ce_vocab) and those validation scores with (all the draft scores)."""
-    settings, weights, kind = run.train, run.draft_head, run.draft_head.kind
+    settings, weights, kind = run.train, run.trained_draft, run.trained_draft.kind
     train_weight, weight = rows
     train_set, val = splits
     optimizer = torch.optim.AdamW(part.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
@@ -226,11 +226,11 @@ def resume(path: Path, part, optimizer, model, kind: str, exit_layer: int | None
         return []
     saved = torch.load(path, map_location="cpu", weights_only=True)  # load_state_dict moves it to the part
     if saved.get("kind") != kind or saved["exit_layer"] != exit_layer or saved["model"] != model_signature(model):
-        raise SelfspecError(f"draft_head={kind}: the checkpoint {path} was trained as {saved.get('kind')} (exit layer "
-                            f"{saved['exit_layer']}) for {saved['model']['model_type']}; use another output directory")
+        raise SelfspecError(f"trained_draft={kind}: the checkpoint {path} was trained as {saved.get('kind')} "
+                            f"(exit layer {saved['exit_layer']}) for {saved['model']['model_type']}; use another output directory")
     fused_layers = list(getattr(part, "fused_layers", ()))
     if saved.get("fused_layers", []) != fused_layers:
-        raise SelfspecError(f"draft_head.fused_layers={fused_layers}: the checkpoint {path} was trained with "
+        raise SelfspecError(f"trained_draft.fused_layers={fused_layers}: the checkpoint {path} was trained with "
                             f"{saved.get('fused_layers', [])}; use another output directory")
     if saved.get("validation") != validation:  # its best-so-far losses would not compare with this run's
         raise SelfspecError(f"the checkpoint {path} was validated with {saved.get('validation', 'a split by sequence')}"
