@@ -221,6 +221,11 @@ def test_ngram_search_finds_what_a_scan_of_the_context_finds(tokens, ngram_size,
     assert ngram_matches(tokens, ngram_size, max_tokens, limit) == expected
 
 
+def test_ngram_matches_docstring_example():
+    tokens = [7, 1, 2, 3, 9, 2, 4, 1, 2, 5, 6, 1, 2]
+    assert ngram_matches(tokens, 2, 3, limit=8) == [(2, [5, 6, 1]), (2, [3, 9, 2]), (1, [4, 1, 2])]
+
+
 def test_ngram_trie_merges_distinct_continuations_within_its_budget():
     tokens = [5, 6, 7, 8, 9, 5, 6, 7, 3, 5, 6, 4, 4, 5, 6]
     # after (5, 6): latest first 4 4 5 6, then 7 3 5 6, then 7 8 9 5; then the 1-gram (6,) adds nothing new

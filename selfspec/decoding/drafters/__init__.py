@@ -15,11 +15,11 @@ from selfspec.decoding.drafters.hybrid import HybridDrafter
 from selfspec.decoding.drafters.kangaroo import KangarooDrafter
 from selfspec.decoding.drafters.layer_skip import SelfDrafter, SkippedModel
 from selfspec.decoding.drafters.layer_skip_tree import StoreSource, StoreTreeDrafter, TreeDrafter
-from selfspec.decoding.drafters.ngram import NGRAM, NgramDrafter, ngram_continuation, ngram_matches
+from selfspec.decoding.drafters.ngram import NGRAM, NgramDrafter, ngram_matches
 from selfspec.decoding.drafters.ngram_tree import NgramTreeDrafter
 from selfspec.decoding.drafters.two_model import ModelDrafter
 
 __all__ = ["ChainDrafter", "Draft", "Drafter", "DraftForward", "ExitPolicyDrafter", "GenerationContext",
            "HeadFeatures", "HybridDrafter", "KangarooDrafter", "ModelDrafter", "NGRAM", "NgramDrafter",
            "NgramTreeDrafter", "SelfDrafter", "SkippedModel", "StoreSource", "StoreTreeDrafter", "TokenSource",
-           "TreeDrafter", "cut_at_end", "ngram_continuation", "ngram_matches"]
+           "TreeDrafter", "cut_at_end", "ngram_matches"]
