@@ -15,7 +15,7 @@ from scipy.stats import chisquare
 
 from selfspec import SelfSpeculativeDecoder
 from selfspec.decoding.draft_exit import CostAwareExit, DraftExit
-from selfspec.decoding.drafters.feature_head import HeadDrafter, HeadFeatures
+from selfspec.decoding.drafters import ChainDrafter, HeadFeatures
 from selfspec.decoding.drafters.layer_skip_tree import StoreTreeDrafter
 from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.sampling import logits_processor, scores
@@ -70,7 +70,7 @@ def hf_greedy(model, prompt, n, eos=None):
 def shipped_head_acceptance(model, prompts: list[list[int]], settings, end_ids, plain: list[list[int]]) -> float:
     """The shipped feature head's acceptance rate drafting 3-token chains for `prompts`, asserting that every output
     equals plain decoding's (`plain`)."""
-    drafter = HeadDrafter(model, HeadFeatures(model, load_feature_head("shipped", model)), DraftExit(3))
+    drafter = ChainDrafter(HeadFeatures(model, load_feature_head("shipped", model)), DraftExit(3))
     return lossless_acceptance(model, drafter, prompts, settings, end_ids, plain)
 
 

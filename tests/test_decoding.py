@@ -13,7 +13,7 @@ from selfspec.data.prompt_sets import calibration_texts
 from selfspec.decoding.costs import CostMeter, DraftCosts, paced_ms
 from selfspec.decoding.draft_exit import AdaptiveExit, CostAwareExit, DraftExit, ThresholdExit
 from selfspec.decoding.drafters import (GenerationContext, HybridDrafter, ModelDrafter, NgramDrafter, NgramTreeDrafter,
-                                        SelfDrafter, ngram_continuation)
+                                        SelfDrafter, ngram_matches)
 from selfspec.decoding.drafters import layer_skip
 from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import generate
@@ -113,12 +113,12 @@ def test_forward_logits_equal_the_models_own_head(tiny, prompt):
         torch.testing.assert_close(forward(tiny, new_cache(tiny, 16), prompt[:rows], 0), expected)
 
 
-def test_ngram_continuation_copies_after_the_latest_longest_match():
+def test_the_first_ngram_match_copies_after_the_latest_longest_match():
     tokens = [1, 2, 3, 9, 1, 2, 4, 5, 2, 7, 1, 2]
-    assert ngram_continuation(tokens, 2, 3) == [4, 5, 2]  # (1, 2) last seen before 4
-    assert ngram_continuation(tokens, 2, 10) == [4, 5, 2, 7, 1, 2]
-    assert ngram_continuation([3, 2, 8, 6, 2], 2, 4) == [8, 6, 2]  # no 2-gram match: falls back to (2,)
-    assert ngram_continuation([1, 2, 3], 2, 4) == []
+    assert ngram_matches(tokens, 2, 3, limit=1) == [(2, [4, 5, 2])]  # (1, 2) last seen before 4
+    assert ngram_matches(tokens, 2, 10, limit=1) == [(2, [4, 5, 2, 7, 1, 2])]
+    assert ngram_matches([3, 2, 8, 6, 2], 2, 4, limit=1) == [(1, [8, 6, 2])]  # no 2-gram match: falls back to (2,)
+    assert ngram_matches([1, 2, 3], 2, 4, limit=1) == []
 
 
 def test_hybrid_and_prompt_lookup_greedy_equal_plain(tiny, tokenizer):

@@ -13,7 +13,7 @@ from selfspec.data.prompt_sets import encode_prompt, load_prompt_set
 from selfspec.decoding.costs import DraftCosts
 from selfspec.decoding.draft_exit import CostAwareExit, DraftExit
 from selfspec.decoding.drafters import GenerationContext, NgramDrafter, NgramTreeDrafter
-from selfspec.decoding.drafters.feature_head import HeadDrafter, HeadFeatures
+from selfspec.decoding.drafters import ChainDrafter, HeadFeatures
 from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
@@ -264,7 +264,7 @@ def test_head_agreement_predicts_each_token_as_the_live_head_drafts_it_first(fus
     head = new_feature_head(model, fused_layers).eval()
     prompt = byte_tokenizer()("def fib(n):\n    return fib(n - 1) + fib(n - 2)\n").input_ids
     settings = replace(default_settings().sampling, max_new_tokens=24)
-    drafter = HeadDrafter(model, HeadFeatures(model, head), DraftExit(1))
+    drafter = ChainDrafter(HeadFeatures(model, head), DraftExit(1))
     firsts, draft = {}, drafter.draft  # context length: the draft's first token
 
     def recording_draft(tokens, most):

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from selfspec.decoding.draft_exit import DraftExit
-from selfspec.decoding.drafters.feature_head import HeadDrafter, HeadFeatures
-from selfspec.decoding.drafters.layer_skip_tree import HeadTreeDrafter
+from selfspec.decoding.drafters import ChainDrafter, HeadFeatures, TreeDrafter
 from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
@@ -90,8 +89,8 @@ def test_the_head_reads_the_states_of_exactly_the_kept_tokens_and_decodes_lossle
     tiny = tiny_model(layout, num_layers=6).double()
     use_grouped_attention(tiny)
     features = CheckedFeatures(tiny, noisy_head(tiny, fused_layers=fused_layers), oracle=True)
-    drafter = HeadTreeDrafter(tiny, features, DraftExit(3), nodes=8, depth=3, width=2, branch_below=1.0) if tree \
-        else HeadDrafter(tiny, features, DraftExit(3))
+    drafter = TreeDrafter(features, DraftExit(3), nodes=8, depth=3, width=2, branch_below=1.0) if tree \
+        else ChainDrafter(features, DraftExit(3))
     compact, moved = RewindableCache.compact, []
 
     def counted(cache, first, sources):
@@ -110,7 +109,7 @@ def test_head_sampling_matches_the_full_models_distribution():
     model = tiny_model("llama", num_layers=2, hidden_size=32, seed=3, init_std=0.3).double()
     settings = replace(SAMPLING, temperature=1.0, top_k=3, max_new_tokens=3)
     prompt = [5, 40, 77]
-    drafter = HeadDrafter(model, HeadFeatures(model, noisy_head(model, 0.3)), DraftExit(2))
+    drafter = ChainDrafter(HeadFeatures(model, noisy_head(model, 0.3)), DraftExit(2))
     exact = exact_pair_distribution(model, prompt, settings)
     gen = torch.Generator().manual_seed(0)
     counts, drafted, accepted = {}, 0, 0

@@ -13,8 +13,8 @@ from helpers import pinned
 
 from selfspec.decoding.costs import DraftCosts
 from selfspec.decoding.draft_exit import CostAwareExit
-from selfspec.decoding.drafters import (GenerationContext, HybridDrafter, NgramTreeDrafter, SelfTreeDrafter,
-                                       StoreTreeDrafter)
+from selfspec.decoding.drafters import (GenerationContext, HybridDrafter, NgramTreeDrafter, SkippedModel,
+                                       StoreTreeDrafter, TreeDrafter)
 from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
@@ -89,7 +89,7 @@ def test_the_tree_takes_the_store_where_nothing_is_copied_and_each_source_learns
     costs = DraftCosts(tuple(10.0 + 0.5 * q for q in range(16)), 0.0)
     skip = make_skip_set([1], [2], 6)
     hybrid = HybridDrafter(NgramTreeDrafter(tiny, 2, 6, 4, 3, pinned(CostAwareExit(6, costs=costs))),
-                           SelfTreeDrafter(tiny, skip, pinned(CostAwareExit(4, costs=replace(costs, draft_ms=8.0))),
+                           TreeDrafter(SkippedModel(tiny, skip), pinned(CostAwareExit(4, costs=replace(costs, draft_ms=8.0))),
                                            nodes=6, depth=4),
                            StoreTreeDrafter(tiny, store, pinned(CostAwareExit(6, costs=costs)), nodes=6, depth=4,
                                             width=3, branch_below=0.6))

@@ -12,7 +12,7 @@ from selfspec.api.decoder import DEFAULT_DRAFT
 from selfspec.decoding.costs import DraftCosts
 from selfspec.decoding.draft_exit import CostAwareExit, DraftExit, ThresholdExit
 from selfspec.decoding.drafters import (Draft, GenerationContext, HybridDrafter, NgramTreeDrafter, SelfDrafter,
-                                        SelfTreeDrafter, ngram_matches)
+                                        SkippedModel, TreeDrafter, ngram_matches)
 from selfspec.decoding.drafters.ngram_tree import add_branch
 from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import Generation, generate
@@ -165,7 +165,7 @@ def test_tree_drafters_keep_greedy_output_for_several_skip_sets(model, tokenizer
         for _ in range(configs):
             skip = make_skip_set(rng.sample(range(4), rng.randint(0, 2)), rng.sample(range(4), rng.randint(1, 2)), 4)
             nodes, depth, width = rng.randint(2, 8), rng.randint(1, 5), rng.randint(1, 3)
-            tree = SelfTreeDrafter(model, skip, ThresholdExit(8, 0.3), None, nodes, depth, width, rng.random())
+            tree = TreeDrafter(SkippedModel(model, skip), ThresholdExit(8, 0.3), nodes, depth, width, rng.random())
             ngram = NgramTreeDrafter(model, rng.randint(1, 3), nodes, depth, width)
             for drafter in (tree, ngram, HybridDrafter(ngram, tree)):
                 result = generate(model, prompt, GenerationOptions(settings), drafter)
@@ -179,8 +179,8 @@ def test_layer_skip_tree_branches_only_where_the_draft_is_unsure(prompt):
     generation = Generation(model, prompt, GenerationOptions(replace(SAMPLING, max_new_tokens=30)))
     tokens, context = prompt + generation.start().tokens, generation.context
     chain = SelfDrafter(model, skip, DraftExit(4))
-    never = SelfTreeDrafter(model, skip, DraftExit(4), nodes=12, depth=4, width=3, branch_below=0.0)
-    always = SelfTreeDrafter(model, skip, DraftExit(4), nodes=12, depth=4, width=3, branch_below=1.0)
+    never = TreeDrafter(SkippedModel(model, skip), DraftExit(4), nodes=12, depth=4, width=3, branch_below=0.0)
+    always = TreeDrafter(SkippedModel(model, skip), DraftExit(4), nodes=12, depth=4, width=3, branch_below=1.0)
     for drafter in (chain, never, always):
         drafter.begin(context)
     expected = chain.draft(tokens, 4).tokens
@@ -195,7 +195,7 @@ def test_layer_skip_tree_branches_only_where_the_draft_is_unsure(prompt):
         def plan(self, max_tokens):
             return 0  # as the cost-aware exit does where drafting does not pay
 
-    idle = SelfTreeDrafter(model, skip, NoDraft(4), nodes=12, depth=4, width=3, branch_below=1.0)
+    idle = TreeDrafter(SkippedModel(model, skip), NoDraft(4), nodes=12, depth=4, width=3, branch_below=1.0)
     idle.begin(context)
     assert idle.draft(tokens, 4) == Draft()
 
@@ -214,6 +214,11 @@ def test_ngram_search_finds_what_a_scan_of_the_context_finds(tokens, ngram_size,
                 seen.append(continuation)
                 expected.append((n, continuation))
     assert ngram_matches(tokens, ngram_size, max_tokens, limit) == expected
+
+
+def test_ngram_matches_docstring_example():
+    tokens = [7, 1, 2, 3, 9, 2, 4, 1, 2, 5, 6, 1, 2]
+    assert ngram_matches(tokens, 2, 3, limit=8) == [(2, [5, 6, 1]), (2, [3, 9, 2]), (1, [4, 1, 2])]
 
 
 def test_ngram_trie_merges_distinct_continuations_within_its_budget():
@@ -290,8 +295,8 @@ def test_cost_shaped_trees_keep_greedy_output_under_random_costs(model, tokenize
             skip = make_skip_set(rng.sample(range(4), rng.randint(0, 2)), rng.sample(range(4), rng.randint(1, 2)), 4)
             nodes, depth, width = rng.randint(4, 8), rng.randint(2, 5), rng.randint(2, 3)
             draft_ms = rng.uniform(0.0, 3.0)
-            tree = SelfTreeDrafter(model, skip, pinned(CostAwareExit(8, costs=DraftCosts(verify_ms, draft_ms))),
-                                   None, nodes, depth, width)
+            tree = TreeDrafter(SkippedModel(model, skip), pinned(CostAwareExit(8, costs=DraftCosts(verify_ms, draft_ms))),
+                               nodes, depth, width)
             ngram = NgramTreeDrafter(model, rng.randint(1, 3), nodes, depth, width,
                                      pinned(CostAwareExit(8, costs=DraftCosts(verify_ms, 0.0))))
             for drafter in (tree, ngram, HybridDrafter(ngram, tree)):

@@ -10,7 +10,8 @@ import torch
 from selfspec.decoding import tree
 from selfspec.decoding.costs import DraftCosts
 from selfspec.decoding.draft_exit import CostAwareExit, DraftExit
-from selfspec.decoding.drafters import Draft, HybridDrafter, NgramTreeDrafter, SelfTreeDrafter, StoreTreeDrafter
+from selfspec.decoding.drafters import (Draft, HybridDrafter, NgramTreeDrafter, SkippedModel, StoreTreeDrafter,
+                                        TreeDrafter)
 from selfspec.decoding.drafters.layer_skip_tree import branches
 from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import generate
@@ -163,8 +164,8 @@ def test_sampled_tree_verification_matches_plain_sampling_and_a_broken_rule_fail
     out the residual update fails (checked on all but the policy's, which branches in too few steps for 500 draws to
     tell)."""
     skip, costs = make_skip_set([], [1], 2), DraftCosts((10.0, 10.5, 11.0, 11.5, 12.0, 12.5, 13.0), 0.5)
-    skip_tree = SelfTreeDrafter(MODEL, skip, DraftExit(2), nodes=6, depth=2, width=2, branch_below=1.0)
-    cost_tree = SelfTreeDrafter(MODEL, skip, CostAwareExit(2, costs=costs), nodes=6, depth=2, width=2)
+    skip_tree = TreeDrafter(SkippedModel(MODEL, skip), DraftExit(2), nodes=6, depth=2, width=2, branch_below=1.0)
+    cost_tree = TreeDrafter(SkippedModel(MODEL, skip), CostAwareExit(2, costs=costs), nodes=6, depth=2, width=2)
     samples = replace(SAMPLING, temperature=1.0, top_k=3, max_new_tokens=4)
     gen = torch.Generator().manual_seed(5)
     store = TokenStore.of([generate(MODEL, [5, 40, 77], GenerationOptions(samples, generator=gen)).new_tokens for _ in range(40)],

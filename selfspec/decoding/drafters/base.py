@@ -1,18 +1,15 @@
 """What every drafter is: the `Drafter` protocol (two verbs, as transformers' candidate generators), the draft it
-returns, and the one-token-at-a-time draft loop that the model drafters share.
+returns, and the chain drafter: one token at a time from a `TokenSource` under a draft-exit policy.
 
-The decoding loop (decoding/speculative.py) calls `begin` once per generation, then per step `draft` and, after
-the full model verified the draft, `update` (and at batch size 1 `observe_verify_ms`, what the verify took). A
-drafter that decides its draft length by a draft-exit policy (decoding/draft_exit.py) owns it. A new drafter is one
-new module in this package: the drafter and the strategies it implements (its `STRATEGIES`, decoding/registry.py),
-which join decoding/strategies.py's `REGISTRY`. A drafter may also offer `batch_draft(tokens, max_tokens)`, its
-draft as a generator of `DraftForward`s, so a batch (decoding/batch.py) runs the draft forwards of its rows together
-(the layer-skip chain, layer_skip.py); without it, each row drafts on its own.
+The decoding loop (decoding/speculative.py) calls `begin` once per generation, then per step `draft` and `update`.
+A drafter may also offer `batch_draft(tokens, max_tokens)`, its draft as a generator of `DraftForward`s, so a batch
+(decoding/batch.py) runs its rows' draft forwards together (the layer-skip chain); without it, a row drafts alone.
 """
 
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from collections.abc import Callable, Generator
+from functools import partial
 from typing import Protocol
 
 import torch
@@ -21,6 +18,7 @@ from transformers import LogitsProcessorList
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.sampling import logits_processor, sample, scores
 from selfspec.decoding.text_rules import OutputWatch
+from selfspec.errors import SelfspecError
 from selfspec.models.draft_head import DraftHead
 from selfspec.models.cache import RewindableCache
 from selfspec.settings import SamplingSettings, SkipSet
@@ -56,9 +54,8 @@ class Draft:
 
 @dataclass
 class DraftForward:
-    """One draft forward of a batch row (`batch_draft`): `ids` at positions start.. over the row's cache, with the
-    `skip` set left out, scored by `head` (None: the full output layer); the rows of a batch with the same skip set
-    and head run theirs in one forward."""
+    """One draft forward of a batch row (`batch_draft`): `ids` at positions start.. over the row's cache, with `skip`
+    left out, scored by `head` (None: the full output layer); rows with the same skip set and head share a forward."""
     skip: SkipSet
     head: DraftHead | None
     ids: list[int]
@@ -86,16 +83,33 @@ class Drafter(Protocol):
 
     def draft(self, tokens: list[int], max_tokens: int) -> Draft:
         """Up to `max_tokens` tokens to follow `tokens`; all but the last of `tokens` are in the cache. For a tree
-        drafter `max_tokens` caps the depth of its branches; its node budget is its `max_tokens` property."""
+        drafter `max_tokens` caps its depth; its node budget is its `max_tokens` property."""
 
     def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
-        """The full model accepted `accepted` of the `drafted` tokens of the last draft; for a tree draft, `drafted`
-        is its depth and `path` the accepted nodes' indices, root first (None: a chain, or a replayed step).
-        `source` is the verified draft's Draft.source, so a drafter that mixes sources credits the one that drafted."""
+        """The full model accepted `accepted` of the `drafted` tokens of the last draft; for a tree, `drafted` is its
+        depth and `path` the accepted nodes' indices, root first (None: a chain). `source`: the draft's Draft.source."""
 
     def observe_verify_ms(self, tokens: int, ms: float) -> None:
-        """The last step's verification, `tokens` tokens (the last token and every draft node), took `ms` with the
-        loop's own work; told at batch size 1, after every step, whether it drafted or not."""
+        """The last verification, of `tokens` tokens, took `ms`; told at batch size 1 after every step."""
+
+
+class TokenSource(Protocol):
+    """What a chain or tree drafter drafts from: draft logits for the token after a context."""
+
+    def begin(self, context: GenerationContext) -> None:
+        """A new generation starts."""
+
+    def drafting(self, tokens: list[int]) -> AbstractContextManager:
+        """A draft after `tokens` runs inside this (a skip set), entered only when the policy plans one."""
+
+    def next_logits(self, ids: list[int], start: int) -> torch.Tensor:
+        """(vocab,) logits of the token after `ids`, which sit at positions start.."""
+
+
+def require_positive(**values: int) -> None:
+    for name, value in values.items():
+        if value < 1:
+            raise SelfspecError(f"{name}={value} must be >= 1")
 
 
 def cut_at_end(tokens: list[int], end_ids: tuple[int, ...]) -> list[int]:
@@ -134,19 +148,16 @@ class ExitPolicyDrafter:
     def draft_loop(self, next_logits: Callable[[list[int], int], torch.Tensor], tokens: list[int], cached: int,
                    max_tokens: int, around: Callable[[], AbstractContextManager] = nullcontext) -> Draft:
         """Feed tokens[cached:] (not yet in the draft's cache), then draft up to `max_tokens` tokens one at a time
-        (`draft_steps`), each draft forward `next_logits(ids, start) -> (vocab,)`: the draft model on ids at positions
-        start.., the logits of the last position. The forwards run inside `around()` (a skip set), entered only
-        when the policy plans a draft: a step that drafts nothing skips no layers (swapping them costs SmolLM2 about
-        0.1 ms, most of an idle step's own work)."""
+        (`draft_steps`), each draft forward `next_logits(ids, start) -> (vocab,)`. The forwards run inside `around()`
+        (a skip set), entered only when the policy plans a draft: swapping layers costs most of an idle step."""
         return run_steps(self.draft_steps(tokens, cached, max_tokens), next_logits, around)
 
     def draft_steps(self, tokens: list[int], cached: int, max_tokens: int,
                     shared_by: list[int] | None = None) -> Generator[tuple[list[int], int], torch.Tensor, Draft]:
         """The draft loop as a generator: yields each draft forward's (ids, start), is sent its last position's
-        logits (vocab,), returns the draft. Drafts nothing when the policy's plan says so; stops where the policy
-        says (it sees every draft token's top draft probability), after `max_tokens` tokens, or after an end id. The
-        policy also learns what a draft token took, all of the loop's work included; in a batch, whose rows run their
-        draft forwards together (decoding/batch.py), each forward's time divided among the rows that ran it
+        logits (vocab,), returns the draft. Drafts nothing when the policy plans nothing; stops where the policy says
+        (it sees each token's top draft probability), after `max_tokens` tokens, or after an end id. The policy
+        learns what a draft token took; in a batch each forward's time is divided among the rows that ran it
         (`shared_by`: per forward so far, that number of rows; the caller adds each before sending its logits)."""
         context, settings = self.context, self.context.settings
         max_tokens = self.exit_policy.plan(max_tokens)
@@ -171,6 +182,23 @@ class ExitPolicyDrafter:
                 self.exit_policy.observe_draft_ms(per_token_ms * share)
                 return draft
             logits = yield [token], len(history) - 1
+
+
+class ChainDrafter(ExitPolicyDrafter):
+    """A chain drafted one token at a time from `source` (a layer-skipped model, a feature head) under
+    `exit_policy`."""
+
+    def __init__(self, source: TokenSource, exit_policy: DraftExit):
+        super().__init__(exit_policy)
+        self.source = source
+
+    def begin(self, context: GenerationContext) -> None:
+        super().begin(context)
+        self.source.begin(context)
+
+    def draft(self, tokens: list[int], max_tokens: int) -> Draft:
+        return self.draft_loop(self.source.next_logits, tokens, len(tokens) - 1, max_tokens,
+                               around=partial(self.source.drafting, tokens))
 
 
 def run_steps(steps: Generator, answer: Callable, around: Callable[[], AbstractContextManager] = nullcontext):

@@ -1,45 +1,44 @@
-"""The feature-level draft head as a drafter (models/feature_head.py): chains under the draft-exit policy, and token
-trees (its runner-up tokens where it is unsure), as the layer-skip draft drafts them.
+"""The feature-level draft head (models/feature_head.py) as a token source: chains and trees draft from it as from
+the layer-skipped model.
 
-The head reads the full model's final hidden state at every kept position. While a generation runs, a forward hook
-on the model's base keeps each forward's final hidden states at their cache indices: the prefill's and every
-verification's, a tree's nodes included. The cache follows them (`RewindableCache.follow`), so compacting a tree's
-accepted path moves its states too, and index i always holds the state of the token kept at position i. The next
-draft first runs the head over the kept positions it has not seen (the accepted drafts and the bonus token), whose
-last prediction gives the first draft token; each further draft token costs one head step on its own prediction.
-A head with fused layers also reads the model's states after them: hooks on those layers hand each forward's to the
-same hook, which keeps them beside the final ones (`inner`), for the catch-up alone.
+The head reads the full model's final hidden state at every kept position. A forward hook on the model's base keeps
+each forward's final hidden states at their cache indices (the prefill's and every verification's, a tree's nodes
+included); the cache follows them (`RewindableCache.follow`), so index i always holds the state of the token kept at
+position i. A draft first runs the head over the kept positions it has not seen, whose last prediction gives the
+first draft token; each further token costs one head step on its own prediction. A head with fused layers also keeps
+the states after those layers (`inner`), for the catch-up alone.
 """
+
+from contextlib import contextmanager
 
 import torch
 
 from selfspec.decoding.costs import CONTEXT, timed_ms
 from selfspec.decoding.draft_exit import DraftExit
-from selfspec.decoding.drafters.base import Draft, GenerationContext
-from selfspec.decoding.drafters.layer_skip import SelfDrafter, build_self_spec
+from selfspec.decoding.drafters.base import ChainDrafter, GenerationContext
+from selfspec.decoding.drafters.layer_skip import build_self_spec
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
 from selfspec.models.cache import RewindableCache
 from selfspec.models.devices import execution_device, input_device, output_device
 from selfspec.models.draft_head import DraftHead
 from selfspec.models.feature_head import FeatureHead, inner_states
-from selfspec.models.layouts import base_model, decoder_layers, num_layers
+from selfspec.models.layouts import base_model, decoder_layers
 from selfspec.models.output_layer import model_logits
-from selfspec.settings import SkipSet, make_skip_set
 
 
 class HeadFeatures:
-    """One generation's state of a feature head: the full model's final hidden states by cache index, the head's
-    own one-layer cache, how far it holds verified inputs, and its last predicted feature."""
+    """A feature head as a token source, and one generation's state of it: the full model's final hidden states by
+    cache index, the head's own one-layer cache, how far it holds verified inputs, and its last predicted feature."""
 
     def __init__(self, model, head: FeatureHead, vocab_head: DraftHead | None = None):
         self.model, self.head, self.vocab_head = model, head, vocab_head
         self.hooks, self.cache, self.features, self.inner = [], None, None, None
         self.layer_states: dict[int, torch.Tensor] = {}  # fused layer -> this forward's states after it
 
-    def begin(self, cache: RewindableCache) -> None:
+    def begin(self, context: GenerationContext) -> None:
         self.stop()
-        self.cache, self.tokens = cache, []
-        self.head_cache = RewindableCache(1, cache.max_len)
+        self.cache, self.tokens = context.cache, []
+        self.head_cache = RewindableCache(1, self.cache.max_len)
         self.seen = 0  # head positions 0..seen-1 ran on verified features and kept tokens
         base, layers = base_model(self.model), decoder_layers(self.model)
         self.hooks = [base.register_forward_hook(self._keep, with_kwargs=True)]
@@ -82,6 +81,11 @@ class HeadFeatures:
                 self.cache.follow(self.inner)
             self.inner[start:start + len(inner)] = inner
 
+    @contextmanager
+    def drafting(self, tokens: list[int]):
+        self.tokens = tokens
+        yield
+
     @torch.inference_mode()
     def next_logits(self, ids: list[int], start: int) -> torch.Tensor:
         """(vocab,) draft logits for the token after `ids` (at positions start..). The draft's first call (its last
@@ -102,35 +106,6 @@ class HeadFeatures:
         if self.vocab_head is not None:
             return self.vocab_head.logits(self.predicted)
         return model_logits(self.model, self.predicted[None])[0]
-
-
-class HeadDrafting:
-    """Drafts from a feature head instead of the layer-skipped model (mixed into the chain and tree drafters)."""
-    features: HeadFeatures
-    batch_draft = None  # the head drafts alone in a batch: its forwards are the head's, not the model's
-
-    def begin(self, context: GenerationContext) -> None:
-        super().begin(context)
-        self.features.begin(context.cache)
-
-    def next_logits(self, ids: list[int], start: int) -> torch.Tensor:
-        return self.features.next_logits(ids, start)
-
-    def draft(self, tokens: list[int], max_tokens: int) -> Draft:
-        self.features.tokens = tokens
-        return super().draft(tokens, max_tokens)
-
-
-class HeadDrafter(HeadDrafting, SelfDrafter):
-    """A chain from the feature head, under its draft-exit policy."""
-
-    def __init__(self, model, features: HeadFeatures, exit_policy: DraftExit):
-        super().__init__(model, no_skip(model), exit_policy, features.vocab_head)
-        self.features = features
-
-
-def no_skip(model) -> SkipSet:
-    return make_skip_set((), (), num_layers(model))
 
 
 def head_draft_ms(model, head: FeatureHead, vocab_head: DraftHead | None) -> float:
@@ -156,16 +131,16 @@ def head_exit_policy(inputs: StrategyInputs, policy: str) -> DraftExit:
     return inputs.make_exit_policy(policy, costs)
 
 
-def model_drafter(inputs: StrategyInputs, policy: str):
+def model_drafter(inputs: StrategyInputs, policy: str) -> ChainDrafter:
     """The model draft of the strategies that mix it with copies: the feature head's chain where `draft.head` is
     set, else the layer-skip draft."""
     if inputs.feature_head is None:
         return build_self_spec(inputs, policy)
-    return HeadDrafter(inputs.model, HeadFeatures(inputs.model, inputs.feature_head, inputs.draft_head),
-                       head_exit_policy(inputs, policy))
+    return ChainDrafter(HeadFeatures(inputs.model, inputs.feature_head, inputs.draft_head),
+                        head_exit_policy(inputs, policy))
 
 
-def build_self_spec_head(inputs: StrategyInputs) -> HeadDrafter:
+def build_self_spec_head(inputs: StrategyInputs) -> ChainDrafter:
     inputs.require_feature_head("self_spec_head")
     return model_drafter(inputs, inputs.draft.policy)
 

@@ -8,18 +8,16 @@ import torch
 
 from selfspec.decoding.drafters.base import STORE, Draft, Drafter, DraftForward, GenerationContext
 from selfspec.decoding.drafters.feature_head import model_drafter
-from selfspec.decoding.drafters.ngram import NGRAM, NgramDrafter
+from selfspec.decoding.drafters.ngram import NGRAM, Copier, NgramDrafter
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
 
 
 class HybridDrafter:
-    """The copier's draft where it drafts, else the fallback's, else the `store`'s (a token store's tree,
-    layer_skip_tree.py; None: none): under the cost-aware exit the model draft drafts only where it expects to pay,
-    and the store, which costs a lookup, fills steps where neither does. Each drafts up to its own max_tokens, and a
-    verified draft updates the drafter it came from (by Draft.source: their acceptance rates differ, so their
-    draft-exit policies learn apart)."""
+    """The copier's draft where it drafts, else the fallback's, else the `store`'s (a token store's tree; None:
+    none). Each drafts up to its own max_tokens, and a verified draft updates the drafter it came from (by
+    Draft.source: their acceptance rates differ, so their draft-exit policies learn apart)."""
 
-    def __init__(self, ngram: NgramDrafter, fallback: Drafter, store: Drafter | None = None):
+    def __init__(self, ngram: Copier, fallback: Drafter, store: Drafter | None = None):
         self.ngram, self.fallback, self.store = ngram, fallback, store
         self.drafters = (ngram, fallback) if store is None else (ngram, fallback, store)
 
@@ -53,10 +51,10 @@ class HybridDrafter:
         if draft.tokens:
             return draft
         fallback_tokens = min(max_tokens, self.fallback.max_tokens)
-        if getattr(self.fallback, "batch_draft", None) is None:
-            draft = self.fallback.draft(tokens, fallback_tokens)
-        else:
+        if hasattr(self.fallback, "batch_draft"):
             draft = yield from self.fallback.batch_draft(tokens, fallback_tokens)
+        else:
+            draft = self.fallback.draft(tokens, fallback_tokens)
         return self.or_stored(draft, tokens, max_tokens)
 
     def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:

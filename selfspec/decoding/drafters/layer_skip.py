@@ -6,7 +6,7 @@ from functools import partial
 import torch
 
 from selfspec.decoding.draft_exit import DraftExit
-from selfspec.decoding.drafters.base import Draft, DraftForward, ExitPolicyDrafter
+from selfspec.decoding.drafters.base import ChainDrafter, Draft, DraftForward, GenerationContext
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
 from selfspec.errors import SelfspecError
 from selfspec.models.cache import forward, forward_hidden
@@ -15,34 +15,41 @@ from selfspec.models.skip import skipping
 from selfspec.settings import POLICIES, SkipSet
 
 
-class SelfDrafter(ExitPolicyDrafter):
-    """The target model with `skip` sublayers left out; with a `head`, the draft scores only that reduced
-    vocabulary. Draft entries land in the shared cache, where the verification overwrites them."""
+class SkippedModel:
+    """The target model with `skip` sublayers left out, over the target's own cache (its draft entries are
+    overwritten by the verification); with a `head`, it scores only that reduced vocabulary."""
 
-    def __init__(self, model, skip: SkipSet, exit_policy: DraftExit, head: DraftHead | None = None):
-        super().__init__(exit_policy)
+    def __init__(self, model, skip: SkipSet, head: DraftHead | None = None):
         self.model, self.skip, self.head = model, skip, head
+        self.cache = None
+
+    def begin(self, context: GenerationContext) -> None:
+        self.cache = context.cache
+
+    def drafting(self, tokens: list[int]):
+        return skipping(self.model, self.skip)
 
     def next_logits(self, ids: list[int], start: int) -> torch.Tensor:
-        """(vocab,) logits of the last of `ids`, run at positions start.. over the shared cache."""
-        cache = self.context.cache
         if self.head is None:
-            return forward(self.model, cache, ids, start, last_only=True)[-1]
-        return self.head.logits(forward_hidden(self.model, cache, ids, start))
+            return forward(self.model, self.cache, ids, start, last_only=True)[-1]  # (vocab,)
+        return self.head.logits(forward_hidden(self.model, self.cache, ids, start))
 
-    def draft(self, tokens: list[int], max_tokens: int) -> Draft:
-        return self.draft_loop(self.next_logits, tokens, len(tokens) - 1, max_tokens,
-                               around=partial(skipping, self.model, self.skip))
+
+class SelfDrafter(ChainDrafter):
+    """Draft & Verify's chain, which a batch drafts for all its rows with the same skip set and head at once."""
+
+    def __init__(self, model, skip: SkipSet, exit_policy: DraftExit, head: DraftHead | None = None):
+        super().__init__(SkippedModel(model, skip, head), exit_policy)
 
     def batch_draft(self, tokens: list[int], max_tokens: int) -> Generator[DraftForward, torch.Tensor, Draft]:
-        """`draft` for a row of a batch (decoding/batch.py): yields each draft forward, to run in one forward with
-        the other rows drafting with the same skip set and head, and is sent its logits (vocab,)."""
+        """`draft` for a row of a batch (decoding/batch.py): yields each draft forward and is sent its logits
+        (vocab,)."""
         shared_by = []  # per draft forward, the rows that ran it
         steps = self.draft_steps(tokens, len(tokens) - 1, max_tokens, shared_by)
         try:
             ids, start = next(steps)
             while True:
-                request = DraftForward(self.skip, self.head, ids, start)
+                request = DraftForward(self.source.skip, self.source.head, ids, start)
                 logits = yield request
                 shared_by.append(request.rows)
                 ids, start = steps.send(logits)

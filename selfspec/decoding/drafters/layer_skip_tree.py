@@ -1,60 +1,60 @@
-"""Draft & Verify's layer-skip draft as a token tree: its chain, plus the runner-up tokens where it is unsure; the
-feature head's the same way (self_spec_tree takes it where `draft.head` is set), and the token store's (REST: He et
-al., NAACL 2024, "REST: Retrieval-Based Speculative Decoding"; models/token_store.py), which self_spec_tree takes
-where `draft.store` is set and neither a copy nor the model draft drafts: the model says the same things in the
-same words from answer to answer, and what followed the context's last few tokens in its own earlier generations
-is a guess that costs a lookup (tens of microseconds), not a forward."""
+"""Token trees from a token source: the chain, plus the runner-up tokens where the source is unsure. self_spec_tree
+drafts them from the layer-skipped model (the feature head where `draft.head` is set), and from the token store
+(REST: He et al., NAACL 2024; models/token_store.py) where `draft.store` is set and neither a copy nor the model
+draft drafts: what followed the context's last tokens in the model's own earlier generations costs a lookup, not a
+forward."""
+
+from contextlib import contextmanager
 
 import torch
 
 from selfspec.decoding.costs import CONTEXT_IDS, timed_ms
 from selfspec.decoding.draft_exit import CostAwareExit, DraftExit, confidence_bin
-from selfspec.decoding.drafters.base import STORE, Draft, GenerationContext
-from selfspec.decoding.drafters.feature_head import HeadDrafting, HeadFeatures, head_exit_policy, no_skip
+from selfspec.decoding.drafters.base import (STORE, Draft, ExitPolicyDrafter, GenerationContext, TokenSource,
+                                            require_positive)
+from selfspec.decoding.drafters.feature_head import HeadFeatures, head_exit_policy
 from selfspec.decoding.drafters.hybrid import HybridDrafter
-from selfspec.decoding.drafters.layer_skip import SelfDrafter
+from selfspec.decoding.drafters.layer_skip import SkippedModel
 from selfspec.decoding.drafters.ngram import PoliciesByMatch
 from selfspec.decoding.drafters.ngram_tree import build_prompt_lookup_tree
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
 from selfspec.decoding.sampling import sample, scores
 from selfspec.errors import SelfspecError
-from selfspec.models.draft_head import DraftHead
 from selfspec.models.devices import output_device
-from selfspec.models.skip import skipping
 from selfspec.models.token_store import TokenStore
-from selfspec.settings import SkipSet
 from selfspec.timing import clock
 
 
-class SelfTreeDrafter(SelfDrafter):
-    """The layer-skip draft's chain (its draft-exit policy plans and ends it), and wherever the draft's top probability is
-    below `branch_below`, up to `width - 1` more children of the same parent as leaves: the next most likely tokens
+class TreeDrafter(ExitPolicyDrafter):
+    """`source`'s chain (its draft-exit policy plans and ends it), and wherever the chain's top probability is below
+    `branch_below`, up to `width - 1` more children of the same parent as leaves: the next most likely tokens
     (greedy) or more tokens sampled without replacement (each with the renormalised q it was drawn from). At most
-    `nodes` nodes and `depth` levels. Leaves cost no draft forward; the verify forward checks them all at once.
-    Under the cost-aware exit the tree's shape is the policy's: it plans the chain as for a chain draft, and of the
-    `width - 1` runner-ups at every chain position it keeps those whose calibrated chance of acceptance pays for
-    the wider verify (`CostAwareExit.shape_tree`; `branch_below` is not used)."""
-    batch_draft = None  # a tree drafts alone in a batch: its own levels, not SelfDrafter's chain
+    `nodes` nodes and `depth` levels; leaves cost no draft forward. Under the cost-aware exit the policy shapes the
+    tree instead: of the `width - 1` runner-ups at every chain position it keeps those that pay for the wider
+    verify (`CostAwareExit.shape_tree`; `branch_below` is not used)."""
 
-    def __init__(self, model, skip: SkipSet, exit_policy: DraftExit, head: DraftHead | None = None, nodes: int = 8,
-                 depth: int = 5, width: int = 3, branch_below: float = 0.6):
-        super().__init__(model, skip, exit_policy, head)
-        for name, value in (("tree_nodes", nodes), ("tree_depth", depth), ("tree_width", width)):
-            if value < 1:
-                raise SelfspecError(f"{name}={value} must be >= 1")
+    def __init__(self, source: TokenSource, exit_policy: DraftExit, nodes: int = 8, depth: int = 5, width: int = 3,
+                 branch_below: float = 0.6):
+        super().__init__(exit_policy)
+        require_positive(tree_nodes=nodes, tree_depth=depth, tree_width=width)
         if not 0.0 <= branch_below <= 1.0:
             raise SelfspecError(f"tree_branch_below={branch_below} is outside [0, 1]")
+        self.source = source
         self.nodes, self.depth, self.width, self.branch_below = nodes, depth, width, branch_below
 
     @property
     def max_tokens(self) -> int:
         return self.nodes
 
+    def begin(self, context: GenerationContext) -> None:
+        super().begin(context)
+        self.source.begin(context)
+
     def draft(self, tokens: list[int], max_tokens: int) -> Draft:
         depth = self.exit_policy.plan(min(max_tokens, self.depth))
         if depth == 0:
             return Draft()
-        with skipping(self.model, self.skip):
+        with self.source.drafting(tokens):
             if isinstance(self.exit_policy, CostAwareExit):
                 return self.shaped_tree(tokens, depth)
             return self.tree_loop(tokens, depth)
@@ -66,10 +66,10 @@ class SelfTreeDrafter(SelfDrafter):
             self.exit_policy.update(drafted, accepted)
 
     def tree_loop(self, tokens: list[int], depth: int) -> Draft:
-        """Draft the chain one token at a time over the shared cache, branching at unsure positions."""
+        """Draft the chain one token at a time, branching at unsure positions."""
         context, settings = self.context, self.context.settings
         history, parent = list(tokens), -1
-        logits = self.next_logits(history[-1:], len(history) - 1)  # (vocab,)
+        logits = self.source.next_logits(history[-1:], len(history) - 1)  # (vocab,)
         draft = Draft(parents=[])
         while True:
             row = scores(logits[None], history, len(history), context.processor)[0]  # (vocab,)
@@ -87,17 +87,17 @@ class SelfTreeDrafter(SelfDrafter):
             if (self.exit_policy.should_stop(confidence) or len(history) - len(tokens) == depth
                     or len(draft.tokens) == self.nodes or draft.tokens[parent] in context.end_ids):
                 return draft
-            logits = self.next_logits([draft.tokens[parent]], len(history) - 1)
+            logits = self.source.next_logits([draft.tokens[parent]], len(history) - 1)
 
     def shaped_tree(self, tokens: list[int], depth: int) -> Draft:
         """The chain as the cost-aware policy drafts it, offering the runner-ups of every position; the policy keeps
         those that pay. A rank-r runner-up is keyed by r and the bin of the r-th largest draft probability, its
         prior: the sorted probabilities, not the sampled token's own, so which leaves join never depends on their
-        drawn values (sampled verification stays exact; greedy runner-ups are those top tokens anyway)."""
+        drawn values (sampled verification stays exact)."""
         context, settings, policy = self.context, self.context.settings, self.exit_policy
         start = clock()  # the verification before ended on the host: nothing of it is still queued
         history = list(tokens)
-        logits = self.next_logits(history[-1:], len(history) - 1)  # (vocab,)
+        logits = self.source.next_logits(history[-1:], len(history) - 1)  # (vocab,)
         chain, chain_q, offered = [], [], []  # offered: (parent, token, q, key, prior)
         while True:
             row = scores(logits[None], history, len(history), context.processor)[0]  # (vocab,)
@@ -114,7 +114,7 @@ class SelfTreeDrafter(SelfDrafter):
             if (policy.should_stop(priors[0]) or len(chain) == depth or len(chain) == self.nodes
                     or token in context.end_ids):
                 break
-            logits = self.next_logits([token], len(history) - 1)
+            logits = self.source.next_logits([token], len(history) - 1)
         policy.observe_draft_ms(1000 * (clock(logits.device) - start) / len(chain))
         kept, parents = policy.shape_tree([o[0] for o in offered], [o[3] for o in offered], [o[4] for o in offered],
                                           self.nodes)
@@ -127,9 +127,8 @@ class SelfTreeDrafter(SelfDrafter):
 def branches(probs: torch.Tensor, width: int, greedy: bool, generator, top: torch.return_types.topk | None = None
              ) -> list[tuple[int, torch.Tensor | None]]:
     """Up to `width` distinct tokens from the draft distribution probs (vocab,), each with the q it was drawn from:
-    the most likely ones (greedy, q None; `top`: probs.topk(width) where the caller has it: a top-k over SmolLM2's
-    49,152 ids takes 80 us here, over Gemma-3's 262,144 420 us), or sampled without replacement, q renormalised
-    without the earlier ones."""
+    the most likely ones (greedy, q None; `top`: probs.topk(width) where the caller has it, a top-k over a large
+    vocabulary being dear), or sampled without replacement, q renormalised without the earlier ones."""
     if greedy:
         top = probs.topk(width) if top is None else top
         return [(token, None) for token in top.indices[top.values > 0].tolist()]
@@ -145,37 +144,42 @@ def branches(probs: torch.Tensor, width: int, greedy: bool, generator, top: torc
     return chosen
 
 
-class HeadTreeDrafter(HeadDrafting, SelfTreeDrafter):
-    """The feature head's chain, and its runner-up tokens where it is unsure, as a token tree."""
+class StoreSource:
+    """A token store as a token source: the log of its counts after the context's longest suffix it holds, so
+    softmax gives their shares (a draft's confidence, and under sampling the q its tokens are drawn from)."""
 
-    def __init__(self, model, features: HeadFeatures, exit_policy: DraftExit, nodes: int, depth: int, width: int,
-                 branch_below: float):
-        super().__init__(model, no_skip(model), exit_policy, features.vocab_head, nodes, depth, width, branch_below)
-        self.features = features
+    def __init__(self, store: TokenStore, device):
+        self.store, self.device, self.history = store, device, []
+
+    def begin(self, context: GenerationContext) -> None:
+        pass
+
+    @contextmanager
+    def drafting(self, tokens: list[int]):
+        self.history = list(tokens)
+        yield
+
+    def next_logits(self, ids: list[int], start: int) -> torch.Tensor:
+        self.history[start:] = ids
+        return self.store.next_logits(self.history, self.device)
 
 
-class StoreTreeDrafter(SelfTreeDrafter):
-    """The token store's chain, and its runner-up tokens where its counts are split, as a token tree: the layer-skip
-    tree's drafting with the store's counts for the model's logits (their log, so softmax gives their shares: a
-    draft's confidence, and under sampling the q its tokens are drawn from). Its draft-exit policy is one apart per
-    length of the longest suffix of the context that the store holds (`PoliciesByMatch`, as a copier's): on SmolLM2's
-    held-out outputs the store's top token after a 4-token suffix was right 68-70% of the time where its share of the
-    counts was 0.6 or more, after a 1-token suffix 10-19% whatever its share. With one policy for both, runs of
-    failed 1-token drafts left the store idle for dozens of QA steps (48-49 on the decision set, 2 with a policy per
-    length)."""
+class StoreTreeDrafter(TreeDrafter):
+    """The token store's tree, under a draft-exit policy per length of the longest suffix of the context that the
+    store holds (`PoliciesByMatch`, as a copier's): the store's top token after a 4-token suffix is right far more
+    often than after a 1-token one, and with one policy for both, runs of failed 1-token drafts left the store idle
+    where longer suffixes would have paid."""
 
     def __init__(self, model, store: TokenStore, exit_policy: DraftExit, nodes: int, depth: int, width: int,
                  branch_below: float):
-        super().__init__(model, no_skip(model), exit_policy, None, nodes, depth, width, branch_below)
-        self.store, self.device, self.history = store, output_device(model), []
-        self.policies = PoliciesByMatch(exit_policy, store.max_n)
+        super().__init__(StoreSource(store, output_device(model)), exit_policy, nodes, depth, width, branch_below)
+        self.store, self.policies = store, PoliciesByMatch(exit_policy, store.max_n)
 
     def begin(self, context: GenerationContext) -> None:
         self.context = context
         self.policies.begin()
 
     def draft(self, tokens: list[int], max_tokens: int) -> Draft:
-        self.history = list(tokens)
         self.exit_policy = self.policies[max(self.store.longest_match(tokens)[0], 1)]  # verification updates it
         draft = super().draft(tokens, max_tokens)
         draft.source = STORE
@@ -183,10 +187,6 @@ class StoreTreeDrafter(SelfTreeDrafter):
 
     def observe_verify_ms(self, tokens: int, ms: float) -> None:
         self.policies.observe_verify_ms(tokens, ms)
-
-    def next_logits(self, ids: list[int], start: int) -> torch.Tensor:
-        self.history[start:] = ids
-        return self.store.next_logits(self.history, self.device)
 
 
 def store_tree(inputs: StrategyInputs, policy: str) -> StoreTreeDrafter:
@@ -208,10 +208,11 @@ def build_self_spec_tree(inputs: StrategyInputs) -> HybridDrafter:
     draft, skip, head, policy = inputs.draft, inputs.skip, inputs.draft_head, inputs.hybrid_policy
     shape = (draft.tree_nodes, draft.tree_depth, draft.tree_width, draft.tree_branch_below)
     if inputs.feature_head is None:
-        tree = SelfTreeDrafter(inputs.model, skip, inputs.exit_policy(policy, skip, head, alone=True), head, *shape)
+        tree = TreeDrafter(SkippedModel(inputs.model, skip, head), inputs.exit_policy(policy, skip, head, alone=True),
+                           *shape)
     else:
-        features = HeadFeatures(inputs.model, inputs.feature_head, head)
-        tree = HeadTreeDrafter(inputs.model, features, head_exit_policy(inputs, policy), *shape)
+        tree = TreeDrafter(HeadFeatures(inputs.model, inputs.feature_head, head), head_exit_policy(inputs, policy),
+                           *shape)
     store = store_tree(inputs, policy) if inputs.token_store is not None else None
     return HybridDrafter(build_prompt_lookup_tree(inputs), tree, store)
 

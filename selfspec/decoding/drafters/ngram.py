@@ -1,4 +1,5 @@
-"""Prompt lookup: copy what followed the latest earlier occurrence of the context's last tokens, at no model cost."""
+"""Prompt lookup: copy what followed earlier occurrences of the context's last tokens, at no model cost. The chain
+copier (here) and the tree copier (ngram_tree.py) share the matcher, `ngram_matches`, and a `Copier`'s policies."""
 
 import copy
 from array import array
@@ -7,9 +8,8 @@ from collections.abc import Sequence
 import torch
 
 from selfspec.decoding.draft_exit import DraftExit
-from selfspec.decoding.drafters.base import Draft, GenerationContext, cut_at_end
+from selfspec.decoding.drafters.base import Draft, GenerationContext, cut_at_end, require_positive
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
-from selfspec.errors import SelfspecError
 from selfspec.models.devices import output_device
 
 NGRAM = "ngram"  # Draft.source of copied drafts
@@ -18,11 +18,8 @@ NGRAM = "ngram"  # Draft.source of copied drafts
 class PoliciesByMatch:
     """A drafter's draft-exit policy, one apart per match length n = 1..longest: a copier's n-gram match, or the
     longest suffix of the context a token store holds (StoreTreeDrafter). Copies after a longer match are right far
-    more often (SmolLM2's outputs on the evaluation halves: the first token of a copy after a 2-token match in 80% of
-    positions, after a 1-token match in 24%), so one rate for both let a run of failed 1-token copies stop the
-    2-token ones too, which then stayed idle through the next answers (retrieval read 1.00 tokens per verification
-    where always copying would have made 1.64). The tree kinds' counts (`branch_counts`) are shared; `exit_policy`,
-    the one for n = longest, is every policy's template."""
+    more often, so with one policy for all, a run of failed 1-token copies would stop the longer ones too. The tree
+    kinds' counts (`branch_counts`) are shared; `exit_policy`, the one for n = longest, is every policy's template."""
 
     def __init__(self, exit_policy: DraftExit, longest: int):
         self.by_n = {longest: exit_policy} | {n: copy.deepcopy(exit_policy) for n in range(1, longest)}
@@ -44,26 +41,19 @@ class PoliciesByMatch:
             policy.observe_verify_ms(tokens, ms)
 
 
-class NgramDrafter:
-    """The tokens that followed the latest earlier occurrence of the context's last n tokens (n = ngram_size down
-    to 1), at most `num_tokens`. A copied draft is deterministic, so q is one-hot: sampled verification accepts it
-    with probability p(x) and otherwise resamples from p without x. Without an exit policy a copy is as long as the
-    match allows; with one (the cost-aware policy of self_spec_hybrid), each copied token counts as confidence 1.0
-    and the policy cuts the copy where it stops paying: the policy of the match's length (`PoliciesByMatch`)."""
+class Copier:
+    """What the chain and tree copiers share: the context's n-gram matches (`ngram_matches`) cut at an end id, and
+    a draft-exit policy per match length (`PoliciesByMatch`; None: a copy is as long as the match allows). A copy is
+    deterministic, so its q is one-hot: sampled verification accepts x with probability p(x), else resamples from p
+    without x."""
 
-    def __init__(self, model, ngram_size: int = 2, num_tokens: int = 10, exit_policy: DraftExit | None = None):
-        for name, value in (("ngram_size", ngram_size), ("ngram_tokens", num_tokens)):
-            if value < 1:
-                raise SelfspecError(f"{name}={value} must be >= 1")
-        self.ngram_size, self.num_tokens = ngram_size, num_tokens
+    def __init__(self, model, ngram_size: int, exit_policy: DraftExit | None):
+        require_positive(ngram_size=ngram_size)
+        self.ngram_size = ngram_size
         self.vocab_size, self.device = model.get_output_embeddings().weight.shape[0], output_device(model)
         self.exit_policy = exit_policy
         self.policies = PoliciesByMatch(exit_policy, ngram_size) if exit_policy else None
         self.context: GenerationContext | None = None
-
-    @property
-    def max_tokens(self) -> int:
-        return self.num_tokens
 
     @property
     def threshold(self) -> float:
@@ -74,24 +64,50 @@ class NgramDrafter:
         if self.policies:
             self.policies.begin()
 
-    def draft(self, tokens: list[int], max_tokens: int) -> Draft:
-        match = ngram_matches(tokens, self.ngram_size, min(max_tokens, self.num_tokens), limit=1)
-        copied = cut_at_end(match[0][1], self.context.end_ids) if match else []
-        if self.policies and copied:
-            copied = cut_copy(self.policies[match[0][0]], copied)
-        if self.context.settings.greedy:
-            return Draft(copied, [], NGRAM)
-        one_hot = torch.zeros(len(copied), self.vocab_size, device=self.device)  # (k, vocab)
-        one_hot[range(len(copied)), copied] = 1.0
-        return Draft(copied, list(one_hot), NGRAM)
-
     def observe_verify_ms(self, tokens: int, ms: float) -> None:
         if self.policies:
             self.policies.observe_verify_ms(tokens, ms)
 
     def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
-        if self.policies:
+        if self.policies is None:
+            return
+        if path is None:
             self.policies.last.update(drafted, accepted)
+        else:
+            self.policies.last.update_tree(path)
+
+    def copies(self, tokens: list[int], max_tokens: int, limit: int) -> list[tuple[int, list[int]]]:
+        """`ngram_matches`, each copy cut after its first end id."""
+        return [(n, cut_at_end(copied, self.context.end_ids))
+                for n, copied in ngram_matches(tokens, self.ngram_size, max_tokens, limit)]
+
+    def one_hot(self, copied: list[int]) -> list[torch.Tensor]:
+        """Each copied token's q (vocab,)."""
+        q = torch.zeros(len(copied), self.vocab_size, device=self.device)  # (k, vocab)
+        q[range(len(copied)), copied] = 1.0
+        return list(q)
+
+
+class NgramDrafter(Copier):
+    """The first of the context's copies (`ngram_matches`), at most `num_tokens` long; with an exit policy (the
+    cost-aware one of self_spec_hybrid) each copied token counts as confidence 1.0 and the policy of the match's
+    length cuts the copy where it stops paying."""
+
+    def __init__(self, model, ngram_size: int = 2, num_tokens: int = 10, exit_policy: DraftExit | None = None):
+        super().__init__(model, ngram_size, exit_policy)
+        require_positive(ngram_tokens=num_tokens)
+        self.num_tokens = num_tokens
+
+    @property
+    def max_tokens(self) -> int:
+        return self.num_tokens
+
+    def draft(self, tokens: list[int], max_tokens: int) -> Draft:
+        copies = self.copies(tokens, min(max_tokens, self.num_tokens), limit=1)
+        copied = copies[0][1] if copies else []
+        if self.policies and copied:
+            copied = cut_copy(self.policies[copies[0][0]], copied)
+        return Draft(copied, [] if self.context.settings.greedy else self.one_hot(copied), NGRAM)
 
 
 def cut_copy(exit_policy: DraftExit, copied: list[int], siblings: Sequence[float] = ()) -> list[int]:
@@ -104,16 +120,24 @@ def cut_copy(exit_policy: DraftExit, copied: list[int], siblings: Sequence[float
     return copied
 
 
-def ngram_continuation(tokens: list[int], ngram_size: int, max_tokens: int) -> list[int]:
-    """What followed the latest occurrence of the longest matching tail: the first of `ngram_matches`, or []."""
-    first = ngram_matches(tokens, ngram_size, max_tokens, limit=1)
-    return first[0][1] if first else []
-
-
 def ngram_matches(tokens: list[int], ngram_size: int, max_tokens: int, limit: int) -> list[tuple[int, list[int]]]:
-    """Up to `limit` distinct continuations (at most `max_tokens` long) of earlier occurrences of the context's last
-    n tokens, n = ngram_size down to 1, latest occurrence first within each n; each with its n. The context is
-    searched as bytes, 4 a token (`bytes.rfind` runs in C; a match must start on a token's first byte)."""
+    """Up to `limit` distinct continuations (each at most `max_tokens` long) of earlier occurrences of the
+    context's last n tokens, n = ngram_size down to 1, latest occurrence first within each n; each with its n.
+
+    For example, with ngram_size=2, max_tokens=3 and the context
+
+        7 1 2 3 9 2 4 1 2 5 6 1 2
+                              ^^^  the last 2 tokens, "1 2"
+
+    "1 2" occurred twice before: followed by "5 6 1" (the latest) and "3 9 2". Then "2" alone: after its latest
+    occurrence came "5 6 1" again, then "4 1 2", then "3 9 2" again. Distinct continuations are kept, so
+
+        ngram_matches(...) == [(2, [5, 6, 1]), (2, [3, 9, 2]), (1, [4, 1, 2])]
+
+    The chain copier drafts the first, 5 6 1 (limit=1); the tree copier merges them all into a trie with three
+    roots (5, 3, 4). Invariant: an occurrence ends before the context's last token, so it has a continuation. The
+    context is searched as bytes, 4 a token (`bytes.rfind` runs in C; a match must start on a token's first
+    byte)."""
     data = array("i", tokens).tobytes()
     found, seen = [], []
     for n in range(min(ngram_size, len(tokens) - 1), 0, -1):

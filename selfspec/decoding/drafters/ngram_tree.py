@@ -1,57 +1,34 @@
 """Prompt lookup as a token tree: what followed several earlier occurrences of the context's tail, in one trie."""
 
-import torch
-
 from selfspec.decoding.draft_exit import CostAwareExit
-from selfspec.decoding.drafters.base import Draft, GenerationContext, cut_at_end
-from selfspec.decoding.drafters.ngram import NGRAM, PoliciesByMatch, cut_copy, ngram_matches
+from selfspec.decoding.drafters.base import Draft, require_positive
+from selfspec.decoding.drafters.ngram import NGRAM, Copier, cut_copy
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
-from selfspec.errors import SelfspecError
-from selfspec.models.devices import output_device
 
 RANKS = 2  # n-gram tree nodes learnt apart by the rank of their copy: 1, 2 and later
 
 
-class NgramTreeDrafter:
-    """The distinct continuations of the context's last n tokens (n = ngram_size down to 1, latest match first),
-    merged into a trie of at most `nodes` nodes, `depth` levels and `width` children per node. Copies are
-    deterministic, so each node's q is one-hot (sampled verification: accept x with probability p(x), else p loses
-    x). The first branch is what `NgramDrafter` would copy.
+class NgramTreeDrafter(Copier):
+    """The context's copies (`ngram_matches`) merged into a trie of at most `nodes` nodes, `depth` levels and
+    `width` children per node; its first branch is what `NgramDrafter` would copy.
 
-    With the cost-aware exit (`exit_policy`, one per match length: `PoliciesByMatch`) the first copy is the tree's
-    chain, cut as `NgramDrafter` cuts it by the policy of its match's length, and the later copies' nodes are offered
-    to that policy (`CostAwareExit.shape_tree`), learnt apart by the match length n, the copy's rank and whether the
-    node forks off beside an existing sibling: a kind of branch that is rarely accepted (1-gram forks, say) stops
-    being added, and no copy is drafted where none pays."""
+    With the cost-aware exit the first copy is the chain, cut as `NgramDrafter` cuts it, and the later copies' nodes
+    are offered to that policy (`CostAwareExit.shape_tree`), learnt apart by the match length n, the copy's rank and
+    whether the node forks off beside an existing sibling: a kind of branch that is rarely accepted stops being
+    added, and no copy is drafted where none pays."""
 
     def __init__(self, model, ngram_size: int = 2, nodes: int = 8, depth: int = 5, width: int = 3,
                  exit_policy: CostAwareExit | None = None):
-        for name, value in (("ngram_size", ngram_size), ("tree_nodes", nodes), ("tree_depth", depth),
-                            ("tree_width", width)):
-            if value < 1:
-                raise SelfspecError(f"{name}={value} must be >= 1")
-        self.ngram_size, self.nodes, self.depth, self.width = ngram_size, nodes, depth, width
-        self.vocab_size, self.device = model.get_output_embeddings().weight.shape[0], output_device(model)
-        self.exit_policy = exit_policy
-        self.policies = PoliciesByMatch(exit_policy, ngram_size) if exit_policy else None
-        self.context: GenerationContext | None = None
+        super().__init__(model, ngram_size, exit_policy)
+        require_positive(tree_nodes=nodes, tree_depth=depth, tree_width=width)
+        self.nodes, self.depth, self.width = nodes, depth, width
 
     @property
     def max_tokens(self) -> int:
         return self.nodes
 
-    @property
-    def threshold(self) -> float:
-        return self.policies.last.threshold if self.policies else 0.0
-
-    def begin(self, context: GenerationContext) -> None:
-        self.context = context
-        if self.policies:
-            self.policies.begin()
-
     def draft(self, tokens: list[int], max_tokens: int) -> Draft:
-        matches = ngram_matches(tokens, self.ngram_size, min(max_tokens, self.depth), limit=self.nodes)
-        copies = [(n, cut_at_end(branch, self.context.end_ids)) for n, branch in matches]
+        copies = self.copies(tokens, min(max_tokens, self.depth), limit=self.nodes)
         if self.policies:
             draft = self.shaped_trie(copies)
         else:
@@ -61,22 +38,8 @@ class NgramTreeDrafter:
         if not draft.tokens:
             return Draft()
         if not self.context.settings.greedy:
-            one_hot = torch.zeros(len(draft.tokens), self.vocab_size, device=self.device)  # (n, vocab)
-            one_hot[range(len(draft.tokens)), draft.tokens] = 1.0
-            draft.probs = list(one_hot)
+            draft.probs = self.one_hot(draft.tokens)
         return draft
-
-    def observe_verify_ms(self, tokens: int, ms: float) -> None:
-        if self.policies:
-            self.policies.observe_verify_ms(tokens, ms)
-
-    def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
-        if self.policies is None:
-            return
-        if path is None:
-            self.policies.last.update(drafted, accepted)
-        else:
-            self.policies.last.update_tree(path)
 
     def shaped_trie(self, copies: list[tuple[int, list[int]]]) -> Draft:
         """The first copy, cut by its match length's policy, as the chain; the later copies' nodes as that policy keeps
@@ -102,8 +65,7 @@ class NgramTreeDrafter:
 
     def root_forks(self, policy: CostAwareExit, copies: list[tuple[int, list[int]]]) -> list[float]:
         """P(accepted) of the later copies' first tokens that the trie would fork beside the chain's first token: a
-        chain whose first token alone does not pay may pay with them (`CostAwareExit.plan`'s siblings), as near the
-        end of HumanEval/3's answer, where the first copy failed and a sibling copy was right."""
+        chain whose first token alone does not pay may pay with them (`CostAwareExit.plan`'s siblings)."""
         firsts, forks = set(copies[0][1][:1]), []
         for rank, (n, branch) in enumerate(copies[1:], 1):
             if branch and branch[0] not in firsts and len(firsts) < min(self.width, self.nodes):
