@@ -23,7 +23,7 @@ from selfspec.decoding.batch import generate_batch
 from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.results import GenerationResult
 from selfspec.decoding.strategies import Strategy, cost_meter, make_strategy
-from selfspec.evaluation.task import DraftHeads
+from selfspec.evaluation.task import DraftVocabularies
 from selfspec.models.devices import output_device
 from selfspec.models.layouts import num_layers
 from selfspec.models.loading import load_model
@@ -57,10 +57,10 @@ def main(overrides: list[str]) -> None:
     loaded = load_model(settings.model)
     skip, _ = resolve_skip(settings.skip, num_layers(loaded.model))
     costs = cost_meter(loaded.model, settings.draft)
-    draft_head = DraftHeads(loaded)(settings.draft.vocab_size)  # the model's draft vocabulary, as run.py drafts
+    draft_vocabulary = DraftVocabularies(loaded)(settings.draft.vocab_size)  # as run.py drafts
     strategies = {name: make_strategy(name, loaded.model,
                                       GenerationOptions(settings.sampling, end_ids=loaded.end_ids),
-                                      skip=skip, draft=settings.draft, draft_head=draft_head, costs=costs)
+                                      skip=skip, draft=settings.draft, draft_vocabulary=draft_vocabulary, costs=costs)
                   for name in dict.fromkeys(["plain", *settings.strategies])}
     prompts = [encode_prompt(loaded.tokenizer, p) for p in load_prompt_set(settings.data)]
     warm_up = [ids[:32] for ids in prompts[:max(BATCH_SIZES)]]

@@ -18,7 +18,7 @@ from hydra import compose, initialize_config_dir
 
 from selfspec.data.prompt_sets import calibration_texts
 from selfspec.decoding.costs import CONTEXT, measure_draft_ms, measure_step_costs
-from selfspec.models.draft_head import make_draft_head
+from selfspec.models.draft_vocabulary import make_draft_vocabulary
 from selfspec.models.loading import load_model
 from selfspec.models.layouts import num_layers
 from selfspec.models.skip_config import resolve_skip
@@ -35,7 +35,7 @@ def main(overrides: list[str]) -> None:
     loaded = load_model(settings.model)
     skip, _ = resolve_skip(settings.skip, num_layers(loaded.model))
     size = settings.draft.vocab_size
-    head = make_draft_head(loaded.model, loaded.tokenizer, size, calibration_texts()) if size else None
+    head = make_draft_vocabulary(loaded.model, loaded.tokenizer, size, calibration_texts()) if size else None
     costs = measure_step_costs(loaded.model, settings.draft.max_tokens + 1, {size: head} if head else None)
     verify, draft = costs.verify_ms, costs.draft_ms(skip, size)
     print(f"{loaded.name}, {torch.get_num_threads()} threads, context {CONTEXT}; skip attn={list(skip.attn)} "

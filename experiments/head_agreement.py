@@ -22,7 +22,7 @@ from hydra import compose, initialize_config_dir
 from selfspec.data.prompt_sets import calibration_texts, encode_prompt, load_prompt_set
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import execution_device, input_device
-from selfspec.models.draft_head import DraftHead, make_draft_head
+from selfspec.models.draft_vocabulary import DraftVocabulary, make_draft_vocabulary
 from selfspec.models.feature_head import FeatureHead, load_feature_head
 from selfspec.models.loading import load_model
 from selfspec.models.output_layer import model_logits
@@ -35,7 +35,7 @@ TOP = 3
 
 
 @torch.inference_mode()
-def head_predictions(model, head: FeatureHead, vocab: DraftHead | None, ids: list[int], first: int,
+def head_predictions(model, head: FeatureHead, vocab: DraftVocabulary | None, ids: list[int], first: int,
                      top: int = TOP) -> torch.Tensor:
     """(len(ids) - first, top) token ids: the head's `top` best for each of ids[first:], each read from the model's
     state at the position two before it and the token one before it, as a draft's first token is live."""
@@ -57,7 +57,7 @@ def main(records: Path, heads: list[str], overrides: list[str]) -> None:
     prompts = {prompt.question_id: prompt for prompt in load_prompt_set(settings.data)}
     plain = plain_rows(records, prompts, overrides)
     loaded = load_model(settings.model)
-    vocab = make_draft_head(loaded.model, loaded.tokenizer, settings.draft.vocab_size, calibration_texts()) \
+    vocab = make_draft_vocabulary(loaded.model, loaded.tokenizer, settings.draft.vocab_size, calibration_texts()) \
         if settings.draft.vocab_size else None
     categories = ["all", *sorted({row["category"] for row in plain})]
     print(f"{len(plain)} prompts, draft vocabulary {settings.draft.vocab_size or 'all'}; per head and category: "

@@ -20,7 +20,7 @@ from selfspec.decoding.speculative import generate
 from selfspec.decoding.strategies import REGISTRY, make_strategy
 from selfspec.errors import SelfspecError
 from selfspec.models.cache import forward, new_cache
-from selfspec.models.draft_head import make_draft_head
+from selfspec.models.draft_vocabulary import make_draft_vocabulary
 from selfspec.models.feature_head import new_feature_head, save_feature_head
 from selfspec.models.kangaroo_adapter import new_adapter, save_adapter
 from selfspec.models.layouts import LAYOUTS, decoder_layers, describe, layout_of, sublayer_modules
@@ -179,7 +179,7 @@ def test_every_strategy_keeps_greedy_output(model, tokenizer, tmp_path):
     save_token_store(tmp_path / "store.pt", [generate(model, PROMPT[1:], GenerationOptions(GREEDY)).new_tokens], model)
     draft = replace(DRAFT, store=str(tmp_path / "store.pt"))
     inputs = dict(skip=SKIP, draft=draft, costs=None, draft_model=tiny_model("llama", num_layers=2, seed=1),
-                  searched=(make_skip_set([3], [1], LAYERS), make_draft_head(model, tokenizer, 64, ["def f(x): x"])))
+                  searched=(make_skip_set([3], [1], LAYERS), make_draft_vocabulary(model, tokenizer, 64, ["def f(x): x"])))
     trained = layout_of(model).trained_parts
     if trained:
         save_adapter(tmp_path / "adapter.pt", new_adapter(model, 2), model, 2)

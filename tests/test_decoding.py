@@ -333,10 +333,10 @@ def test_speculative_sampling_matches_the_full_models_distribution(drafter_kind)
 
 
 def test_reduced_draft_vocabulary_keeps_greedy_output(tiny, prompt, tokenizer):
-    from selfspec.models.draft_head import make_draft_head
+    from selfspec.models.draft_vocabulary import make_draft_vocabulary
 
     plain = generate(tiny, prompt, GenerationOptions(GREEDY)).new_tokens
-    head = make_draft_head(tiny, tokenizer, 64, calibration_texts())
+    head = make_draft_vocabulary(tiny, tokenizer, 64, calibration_texts())
     assert len(head.token_ids) == 64
     for skip in ([], [2]):
         result = generate(tiny, prompt, GenerationOptions(GREEDY),
@@ -347,12 +347,12 @@ def test_reduced_draft_vocabulary_keeps_greedy_output(tiny, prompt, tokenizer):
 @pytest.mark.slow
 def test_speculative_sampling_with_a_reduced_draft_vocabulary_is_exact():
     """The draft can propose only 40 of 259 tokens; the residual must supply the rest."""
-    from selfspec.models.draft_head import make_draft_head
+    from selfspec.models.draft_vocabulary import make_draft_vocabulary
     from selfspec.models.tiny import byte_tokenizer
 
     model = tiny_model("llama", num_layers=2, hidden_size=32, seed=3, init_std=0.3).double()
     settings = replace(SAMPLING, temperature=1.0, top_k=3, max_new_tokens=3)
-    head = make_draft_head(model, byte_tokenizer(), 40, calibration_texts())
+    head = make_draft_vocabulary(model, byte_tokenizer(), 40, calibration_texts())
     drafter = SelfDrafter(model, make_skip_set([], [], 2), DraftExit(2), head)
     exact = exact_pair_distribution(model, [5, 40, 77], settings)
     gen = torch.Generator().manual_seed(1)
@@ -365,7 +365,7 @@ def test_speculative_sampling_with_a_reduced_draft_vocabulary_is_exact():
 
 
 def test_bad_draft_vocabulary_size(tiny, tokenizer):
-    from selfspec.models.draft_head import make_draft_head
+    from selfspec.models.draft_vocabulary import make_draft_vocabulary
 
     with pytest.raises(SelfspecError, match=r"draft.vocab_size=0 is outside 1..259"):
-        make_draft_head(tiny, tokenizer, 0, calibration_texts())
+        make_draft_vocabulary(tiny, tokenizer, 0, calibration_texts())

@@ -16,7 +16,7 @@ from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
 from selfspec.models import output_layer
-from selfspec.models.draft_head import make_draft_head
+from selfspec.models.draft_vocabulary import make_draft_vocabulary
 from selfspec.models.kangaroo_adapter import new_adapter
 from selfspec.models.loading import load_model
 from selfspec.models.tiny import byte_tokenizer, tiny_model
@@ -91,11 +91,11 @@ def test_disk_offloaded_layers_with_skipping_decode_as_plain(one_thread, prompt,
     pre_forward = hook.pre_forward
     hook.pre_forward = lambda module, *args, **kwargs: (loads.append(1), pre_forward(module, *args, **kwargs))[1]
     plain = generate(plain_model, prompt, GenerationOptions(GREEDY)).new_tokens
-    head = make_draft_head(model, byte_tokenizer(), 64, calibration_texts())  # the offloaded rows, copied
+    head = make_draft_vocabulary(model, byte_tokenizer(), 64, calibration_texts())  # the offloaded rows, copied
     assert head.weight.device.type == "cpu" and torch.equal(head.weight, plain_model.lm_head.weight[head.token_ids])
     accepted = 0
-    for skip, draft_head in zip(SKIPS, (head, None, None)):  # every forward of an offloaded layer reads the disk
-        result = self_spec(model, prompt, skip, draft_head)[0]
+    for skip, draft_vocabulary in zip(SKIPS, (head, None, None)):  # every forward of an offloaded layer reads the disk
+        result = self_spec(model, prompt, skip, draft_vocabulary)[0]
         assert result.new_tokens == plain
         accepted += sum(step.accepted for step in result.steps)
     assert accepted > 0 and len(loads) > len(plain)  # drafts were used, and layer 4 ran through its hook
@@ -125,8 +125,8 @@ def test_bfloat16_stays_bfloat16_through_drafting_and_verification(one_thread, p
         return logits
     real = output_layer.output_logits
     monkeypatch.setattr(output_layer, "output_logits", spy)
-    monkeypatch.setattr("selfspec.models.draft_head.output_logits", spy)
-    head = make_draft_head(model, byte_tokenizer(), 64, calibration_texts())
+    monkeypatch.setattr("selfspec.models.draft_vocabulary.output_logits", spy)
+    head = make_draft_vocabulary(model, byte_tokenizer(), 64, calibration_texts())
     assert head.weight.dtype == torch.bfloat16
     for sampling in (GREEDY, replace(SAMPLING, temperature=1.0, max_new_tokens=32)):
         result, drafter = self_spec(model, prompt, make_skip_set([2], [3], LAYERS), head, sampling)

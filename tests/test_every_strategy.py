@@ -15,7 +15,7 @@ from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import generate
 from selfspec.decoding.strategies import REGISTRY, make_strategy
 from selfspec.decoding.text_rules import text_rules
-from selfspec.models.draft_head import make_draft_head
+from selfspec.models.draft_vocabulary import make_draft_vocabulary
 from selfspec.models.feature_head import new_feature_head, save_feature_head
 from selfspec.models.kangaroo_adapter import new_adapter, save_adapter
 from selfspec.models.tiny import tiny_model
@@ -59,7 +59,7 @@ def drafting_inputs(tiny, tokenizer, tmp_path_factory):
     return dict(skip=make_skip_set([1], [2], 6), draft=replace(DRAFT, head=str(head_path), store=str(store_path)),
                 draft_model=tiny_model("llama", num_layers=2, seed=1).double(),
                 kangaroo=replace(DEFAULTS.kangaroo, adapter_path=str(adapter_path)),
-                searched=(make_skip_set([2, 4], [3], 6), make_draft_head(tiny, tokenizer, 64, TEXTS)),
+                searched=(make_skip_set([2, 4], [3], 6), make_draft_vocabulary(tiny, tokenizer, 64, TEXTS)),
                 costs=PayingCosts())
 
 

@@ -25,7 +25,7 @@ from selfspec.decoding.strategies import REGISTRY, Strategy, cost_meter, make_st
 from selfspec.decoding.text_rules import text_rules
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import output_device
-from selfspec.models.draft_head import DraftHead, make_draft_head
+from selfspec.models.draft_vocabulary import DraftVocabulary, make_draft_vocabulary
 from selfspec.models.loading import load_model, model_end_ids
 from selfspec.models.layouts import num_layers
 from selfspec.models.skip_config import resolve_skip
@@ -112,19 +112,19 @@ class SelfSpeculativeDecoder:
         layers = num_layers(model)
         skip_set, file_vocab = _skip_set(skip, layers, "skip")
 
-        def heads(size: int) -> DraftHead:
-            return make_draft_head(model, tokenizer, size, calibration_texts())
+        def vocabulary(size: int) -> DraftVocabulary:
+            return make_draft_vocabulary(model, tokenizer, size, calibration_texts())
 
         vocab = draft.vocab_size or file_vocab
         searched_draft = None
         if searched is not None:
             searched_skip, searched_vocab = _skip_set(searched, layers, "searched")
-            searched_draft = (searched_skip, heads(searched_vocab) if searched_vocab else None)
+            searched_draft = (searched_skip, vocabulary(searched_vocab) if searched_vocab else None)
         self.model, self.tokenizer, self.name = model, tokenizer, strategy
         self.end_ids = model_end_ids(model, tokenizer)
         self._make = partial(make_strategy, strategy, model, skip=skip_set, draft=draft, draft_model=draft_model,
-                             draft_head=heads(vocab) if vocab else None, kangaroo=kangaroo, searched=searched_draft,
-                             costs=cost_meter(model, draft))  # greedy and sampled share the measured costs
+                             draft_vocabulary=vocabulary(vocab) if vocab else None, kangaroo=kangaroo,
+                             searched=searched_draft, costs=cost_meter(model, draft))  # greedy and sampled share costs
         self._options = GenerationOptions(DEFAULT_SAMPLING, self.end_ids, target_gate=draft.target_gate)
         self._strategies: dict[bool, Strategy] = {}
         self.strategy(DEFAULT_SAMPLING)  # a bad combination fails here, not at the first request

@@ -17,7 +17,7 @@ import torch
 from selfspec.models.batch_cache import BatchCache, forward_batch, forward_rows_hidden
 from selfspec.models.cache import forward, forward_hidden, new_cache
 from selfspec.models.devices import execution_device, output_device
-from selfspec.models.draft_head import DraftHead
+from selfspec.models.draft_vocabulary import DraftVocabulary
 from selfspec.models.output_layer import model_logits
 from selfspec.models.layouts import decoder_layers, sublayer_modules
 from selfspec.models.skip import skipping
@@ -129,7 +129,7 @@ class CostMeter:
                                          self.rows))
             self.verify_ms = tuple(nondecreasing(measured))
 
-    def costs(self, skip: SkipSet | None, head: DraftHead | None = None, alone: bool = False) -> DraftCosts:
+    def costs(self, skip: SkipSet | None, head: DraftVocabulary | None = None, alone: bool = False) -> DraftCosts:
         """The costs of drafting with `skip` (and `head`); skip None: copies, which cost nothing to draft. In a
         batch, the rows' draft tokens run together (d_B / B) unless `alone` (a tree drafter: d)."""
         self._measure_verify()
@@ -229,7 +229,7 @@ def batch_row_prices(forward_ms: list[float], rows: int) -> list[float]:
     return [forward_ms[0] / rows + max(ms - forward_ms[0], 0.0) for ms in forward_ms]
 
 
-def measure_batch_draft_ms(model, skip: SkipSet, head: DraftHead | None, rows: int, plain_ms: float,
+def measure_batch_draft_ms(model, skip: SkipSet, head: DraftVocabulary | None, rows: int, plain_ms: float,
                            repeats: int = REPEATS) -> float:
     """d_B / B: a row's share of one forward that drafts a token in each of `rows` rows after CONTEXT-token
     contexts, paced by a plain forward of the rows (`paced_ms`; `plain_ms`: c_B(1) / B as the meter read it)."""
@@ -244,9 +244,9 @@ def measure_batch_draft_ms(model, skip: SkipSet, head: DraftHead | None, rows: i
                     output_device(model), repeats)
 
 
-def measure_draft_ms(model, skip: SkipSet, head: DraftHead | None = None, repeats: int = REPEATS,
+def measure_draft_ms(model, skip: SkipSet, head: DraftVocabulary | None = None, repeats: int = REPEATS,
                      plain_ms: float | None = None) -> float:
-    """d: one draft token with the skip set (and draft head) after a CONTEXT-token context; with `plain_ms`
+    """d: one draft token with the skip set (and draft vocabulary) after a CONTEXT-token context; with `plain_ms`
     (c(1) as the meter read it), paced by a plain step (`paced_ms`)."""
     cache = _context_cache(model, 1)
 
@@ -268,7 +268,7 @@ def paced_ms(step, plain_step, plain_ms: float, device: torch.device | str, repe
     return step_ms / plain_step_ms * plain_ms
 
 
-def measure_step_costs(model, max_q: int, heads: dict[int, DraftHead] | None = None) -> StepCosts:
+def measure_step_costs(model, max_q: int, heads: dict[int, DraftVocabulary] | None = None) -> StepCosts:
     """c(1..max_q), per-sublayer and output-layer costs of `model` at a CONTEXT-token context."""
     cache = _context_cache(model, max_q)
     verify = measure_verify_ms(model, max_q, cache=cache)

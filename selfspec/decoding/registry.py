@@ -12,7 +12,7 @@ from selfspec.decoding.costs import CostMeter, DraftCosts
 from selfspec.decoding.draft_exit import CostAwareExit, DraftExit, make_exit_policy
 from selfspec.decoding.options import GenerationOptions
 from selfspec.errors import SelfspecError
-from selfspec.models.draft_head import DraftHead
+from selfspec.models.draft_vocabulary import DraftVocabulary
 from selfspec.models.feature_head import FeatureHead, loaded_feature_head
 from selfspec.models.token_store import TokenStore, loaded_token_store
 from selfspec.settings import DraftSettings, HFSettings, KangarooSettings, SkipSet
@@ -27,10 +27,10 @@ class StrategyInputs:
     draft: DraftSettings
     costs: CostMeter  # measured on first use, shared by the strategies of a run
     draft_model: object = None
-    draft_head: DraftHead | None = None
+    draft_vocabulary: DraftVocabulary | None = None
     hf: HFSettings | None = None
     kangaroo: KangarooSettings | None = None
-    searched: tuple[SkipSet, DraftHead | None] | None = None  # self_spec_searched's skip set and draft head
+    searched: tuple[SkipSet, DraftVocabulary | None] | None = None  # self_spec_searched's skip set and draft vocabulary
 
     def for_batch(self, rows: int) -> "StrategyInputs":
         """These inputs for a row of a batch of `rows`: the cost-aware exit weighs a row's share of the batch's
@@ -52,7 +52,7 @@ class StrategyInputs:
         """The policy of the strategies that mix copies and model drafts: draft.hybrid_policy, else draft.policy."""
         return self.draft.hybrid_policy or self.draft.policy
 
-    def exit_policy(self, policy: str, drafted_by: SkipSet | None = None, head: DraftHead | None = None,
+    def exit_policy(self, policy: str, drafted_by: SkipSet | None = None, head: DraftVocabulary | None = None,
                     max_tokens: int | None = None, alone: bool = False) -> DraftExit:
         """A fresh policy, so no two strategies share one; the cost-aware one gets the costs of drafting with
         `drafted_by` and `head` (None: copies, which cost nothing to draft); `alone`: in a batch, the drafter drafts

@@ -22,7 +22,7 @@ from selfspec.decoding.results import Emitted, GenerationResult
 from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.speculative import decode_steps, generate
 from selfspec.errors import SelfspecError
-from selfspec.models.draft_head import DraftHead
+from selfspec.models.draft_vocabulary import DraftVocabulary
 from selfspec.models.layouts import decoder_layers
 from selfspec.settings import DraftSettings, HFSettings, KangarooSettings, SkipSet
 
@@ -75,12 +75,13 @@ class Strategy:
 
 
 def make_strategy(name: str, model, options: GenerationOptions, *, skip: SkipSet, draft: DraftSettings,
-                  draft_model=None, draft_head: DraftHead | None = None, hf: HFSettings | None = None,
-                  kangaroo: KangarooSettings | None = None, searched: tuple[SkipSet, DraftHead | None] | None = None,
+                  draft_model=None, draft_vocabulary: DraftVocabulary | None = None, hf: HFSettings | None = None,
+                  kangaroo: KangarooSettings | None = None,
+                  searched: tuple[SkipSet, DraftVocabulary | None] | None = None,
                   costs: CostMeter | None = None) -> Strategy | HFStrategy:
     """The strategy `name` (see REGISTRY), with fresh draft-exit policies. `skip`: the layer-skip draft's skip set;
-    `searched`: self_spec_searched's skip set and draft head; `costs`: this machine's step costs for the cost-aware
-    policy, measured on first use and shared by a run's strategies."""
+    `searched`: self_spec_searched's skip set and draft vocabulary; `costs`: this machine's step costs for the
+    cost-aware policy, measured on first use and shared by a run's strategies."""
     spec = REGISTRY.get(name)
     if spec is None:
         raise SelfspecError(f"strategy {name!r} is unknown; allowed: {', '.join(REGISTRY)}")
@@ -89,8 +90,8 @@ def make_strategy(name: str, model, options: GenerationOptions, *, skip: SkipSet
                             f"rollback; drop it from strategies, or constraints.banned_words and sampling.stop")
     if not spec.hf_baseline:
         decoder_layers(model)  # our decoding needs the supported layout: say so before any prompt runs
-    inputs = StrategyInputs(model, options, skip, draft, costs or cost_meter(model, draft), draft_model, draft_head,
-                            hf, kangaroo, searched)
+    inputs = StrategyInputs(model, options, skip, draft, costs or cost_meter(model, draft), draft_model,
+                            draft_vocabulary, hf, kangaroo, searched)
     if spec.hf_baseline:
         return spec.build(inputs)
     drafter = spec.build(inputs)

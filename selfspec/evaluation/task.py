@@ -16,7 +16,7 @@ from selfspec.errors import SelfspecError
 from selfspec.evaluation.evaluate import evaluate
 from selfspec.evaluation.spec_bench import write_answers
 from selfspec.evaluation.summarize import summary_title, write_summary
-from selfspec.models.draft_head import DraftHead, make_draft_head
+from selfspec.models.draft_vocabulary import DraftVocabulary, make_draft_vocabulary
 from selfspec.models.loading import LoadedModel, load_model
 from selfspec.models.layouts import describe, num_layers
 from selfspec.models.skip_config import resolve_skip
@@ -60,14 +60,14 @@ def run(settings: RunSettings, out_dir: Path) -> dict:
         vocab_size = settings.draft.vocab_size
     print(f"model: {describe(loaded.model)}")
     print(f"skip set ({skip.fraction(layers):.0%} of {2 * layers} sublayers): attn={list(skip.attn)} mlp={list(skip.mlp)}")
-    heads = DraftHeads(loaded)
-    searched = searched_draft(settings, layers, heads) if "self_spec_searched" in settings.strategies else None
+    vocabularies = DraftVocabularies(loaded)
+    searched = searched_draft(settings, layers, vocabularies) if "self_spec_searched" in settings.strategies else None
     costs = cost_meter(loaded.model, settings.draft)  # measured on first use, shared by the strategies
     rules = text_rules(loaded.model, loaded.tokenizer, settings.constraints.banned_words,
                        settings.constraints.case_sensitive, sampling.stop)
     options = GenerationOptions(sampling, loaded.end_ids, rules=rules, target_gate=settings.draft.target_gate)
     strategies = [make_strategy(name, loaded.model, options, skip=skip, draft=settings.draft, draft_model=draft_model,
-                                draft_head=heads(vocab_size), hf=settings.hf, kangaroo=settings.kangaroo,
+                                draft_vocabulary=vocabularies(vocab_size), hf=settings.hf, kangaroo=settings.kangaroo,
                                 searched=searched, costs=costs)
                   for name in settings.strategies]
     if costs.summary():
@@ -114,21 +114,22 @@ def data_label(data: DataSettings) -> str:
     return Path(data.path).stem if data.path else "-".join(data.names)
 
 
-class DraftHeads:
-    """One reduced draft head per vocabulary size, made on first use and shared by the strategies."""
+class DraftVocabularies:
+    """One draft vocabulary per size, made on first use and shared by the strategies."""
 
     def __init__(self, loaded: LoadedModel):
         self.loaded, self.heads = loaded, {}
 
-    def __call__(self, size: int | None) -> DraftHead | None:
+    def __call__(self, size: int | None) -> DraftVocabulary | None:
         if size and size not in self.heads:
-            self.heads[size] = make_draft_head(self.loaded.model, self.loaded.tokenizer, size,
+            self.heads[size] = make_draft_vocabulary(self.loaded.model, self.loaded.tokenizer, size,
                                               calibration_texts())
         return self.heads.get(size)
 
 
-def searched_draft(settings: RunSettings, layers: int, heads: DraftHeads) -> tuple[SkipSet, DraftHead | None] | None:
-    """The skip set and draft head of strategy self_spec_searched: `searched_skip.path`, else the model's shipped
+def searched_draft(settings: RunSettings, layers: int, vocabularies: DraftVocabularies
+                   ) -> tuple[SkipSet, DraftVocabulary | None] | None:
+    """The skip set and draft vocabulary of strategy self_spec_searched: `searched_skip.path`, else the model's shipped
     searched set; None when there is neither (make_strategy then says how to make one)."""
     if settings.searched_skip is None:
         return None
@@ -137,4 +138,4 @@ def searched_draft(settings: RunSettings, layers: int, heads: DraftHeads) -> tup
         skip, vocab_size = resolve_skip(settings.searched_skip, layers)
     print(f"searched skip set ({skip.fraction(layers):.0%}): attn={list(skip.attn)} mlp={list(skip.mlp)}, "
           f"draft vocabulary {vocab_size or 'full'}")
-    return skip, heads(vocab_size)
+    return skip, vocabularies(vocab_size)

@@ -1,4 +1,4 @@
-"""The output layer as one matrix product we choose, shared by verification, plain steps and draft heads.
+"""The output layer as one matrix product we choose, shared by verification, plain steps and draft vocabularies.
 
 `nn.Linear` computes hidden @ W.T, which on the CPU (MKL, fp32) can be several times slower than W @ hidden.T for a
 few rows, and MKL's one-row GEMV can be slower than its two-row GEMM. So rows are computed as W @ hidden.T, and a

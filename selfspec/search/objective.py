@@ -17,7 +17,7 @@ from selfspec.decoding.results import GenerationResult
 from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import output_device
-from selfspec.models.draft_head import DraftHead, make_draft_head
+from selfspec.models.draft_vocabulary import DraftVocabulary, make_draft_vocabulary
 from selfspec.models.loading import LoadedModel
 from selfspec.search.space import Candidate, SearchSpace, make_candidate
 from selfspec.search.study import FINISHED, WORKER
@@ -63,7 +63,7 @@ def aggregate(per_prompt: list[dict], skipped_fraction: float) -> dict:
 
 def measure(model, prompt_ids: list[list[int]], settings: SamplingSettings, candidate: Candidate | None,
             draft: DraftSettings, end_ids: tuple[int, ...], seed: int, layers: int, on_prompt=None,
-            head: DraftHead | None = None, costs: StepCosts | None = None) -> dict:
+            head: DraftVocabulary | None = None, costs: StepCosts | None = None) -> dict:
     """Decode every prompt (self-speculatively with `candidate` and its `head`, plainly when candidate is None)
     with one fresh exit policy; with `costs`, also price each step by the cost model. `on_prompt(index, counts)`
     runs after each prompt (it may raise TrialPruned). Returns `aggregate(...)`."""
@@ -107,15 +107,15 @@ class TrialObjective:
     space: SearchSpace
     objective: str
     plain_tokens_per_s: float | None = None
-    heads: dict = dataclasses.field(default_factory=dict)  # draft vocabulary size -> DraftHead
+    heads: dict = dataclasses.field(default_factory=dict)  # draft vocabulary size -> DraftVocabulary
     costs: StepCosts | None = None  # for objective cost_model
 
     @classmethod
     def prepared(cls, loaded: LoadedModel, prompt_ids: list[list[int]], settings: SamplingSettings,
                  draft: DraftSettings, seed: int, space: SearchSpace, objective: str) -> "TrialObjective":
-        """Build the draft heads, warm up, measure the step costs (objective cost_model) and plain decoding."""
+        """Build the draft vocabularies, warm up, measure the step costs (objective cost_model) and plain decoding."""
         texts = calibration_texts()
-        heads = {n: make_draft_head(loaded.model, loaded.tokenizer, n, texts) for n in space.vocab_sizes if n}
+        heads = {n: make_draft_vocabulary(loaded.model, loaded.tokenizer, n, texts) for n in space.vocab_sizes if n}
         warm_up(loaded, prompt_ids[0], settings, draft, space)
         costs = None
         if objective == "cost_model":

@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from selfspec.data.prompt_sets import calibration_texts
 from selfspec.errors import SelfspecError
-from selfspec.models.draft_head import make_draft_head
+from selfspec.models.draft_vocabulary import make_draft_vocabulary
 from selfspec.models.feature_head import check_fused_layers, new_feature_head, save_feature_head
 from selfspec.models.kangaroo_adapter import check_exit_layer, new_adapter, save_adapter
 from selfspec.models.loading import load_model
@@ -113,7 +113,7 @@ def output_rows(model, tokenizer, vocab_size: int | None) -> tuple[torch.Tensor,
     """(token ids (n,), their rows (n, hidden)): the output layer's rows the draft scores (those of
     draft.vocab_size's tokens, else all)."""
     if vocab_size:
-        head = make_draft_head(model, tokenizer, vocab_size, calibration_texts())
+        head = make_draft_vocabulary(model, tokenizer, vocab_size, calibration_texts())
         return head.token_ids.cpu(), head.weight
     weight = model.get_output_embeddings().weight.detach()
     return torch.arange(weight.shape[0]), weight

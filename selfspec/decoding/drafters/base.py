@@ -19,7 +19,7 @@ from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.sampling import logits_processor, sample, scores
 from selfspec.decoding.text_rules import OutputWatch
 from selfspec.errors import SelfspecError
-from selfspec.models.draft_head import DraftHead
+from selfspec.models.draft_vocabulary import DraftVocabulary
 from selfspec.models.cache import RewindableCache
 from selfspec.settings import SamplingSettings, SkipSet
 from selfspec.timing import clock
@@ -57,7 +57,7 @@ class DraftForward:
     """One draft forward of a batch row (`batch_draft`): `ids` at positions start.. over the row's cache, with `skip`
     left out, scored by `head` (None: the full output layer); rows with the same skip set and head share a forward."""
     skip: SkipSet
-    head: DraftHead | None
+    head: DraftVocabulary | None
     ids: list[int]
     start: int
     rows: int = 1  # the rows whose draft forwards ran in the one forward (the batch sets it)

@@ -20,7 +20,7 @@ from selfspec.decoding.drafters.layer_skip import build_self_spec
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
 from selfspec.models.cache import RewindableCache
 from selfspec.models.devices import execution_device, input_device, output_device
-from selfspec.models.draft_head import DraftHead
+from selfspec.models.draft_vocabulary import DraftVocabulary
 from selfspec.models.feature_head import FeatureHead, inner_states
 from selfspec.models.layouts import base_model, decoder_layers
 from selfspec.models.output_layer import model_logits
@@ -30,7 +30,7 @@ class HeadFeatures:
     """A feature head as a token source, and one generation's state of it: the full model's final hidden states by
     cache index, the head's own one-layer cache, how far it holds verified inputs, and its last predicted feature."""
 
-    def __init__(self, model, head: FeatureHead, vocab_head: DraftHead | None = None):
+    def __init__(self, model, head: FeatureHead, vocab_head: DraftVocabulary | None = None):
         self.model, self.head, self.vocab_head = model, head, vocab_head
         self.hooks, self.cache, self.features, self.inner = [], None, None, None
         self.layer_states: dict[int, torch.Tensor] = {}  # fused layer -> this forward's states after it
@@ -108,7 +108,7 @@ class HeadFeatures:
         return model_logits(self.model, self.predicted[None])[0]
 
 
-def head_draft_ms(model, head: FeatureHead, vocab_head: DraftHead | None) -> float:
+def head_draft_ms(model, head: FeatureHead, vocab_head: DraftVocabulary | None) -> float:
     """d of the head: one head step after a CONTEXT-position head context, and its (draft) output layer."""
     features = HeadFeatures(model, head, vocab_head)
     features.head_cache, features.seen = RewindableCache(1, CONTEXT + 2), 0
@@ -125,7 +125,7 @@ def head_exit_policy(inputs: StrategyInputs, policy: str) -> DraftExit:
     """A fresh `policy`; the cost-aware one priced with the head's measured draft-token cost."""
     costs = None
     if policy == "cost":
-        head, vocab_head = inputs.feature_head, inputs.draft_head
+        head, vocab_head = inputs.feature_head, inputs.draft_vocabulary
         costs = inputs.costs.costs_of(("feature_head", id(head), id(vocab_head)),
                                       lambda: head_draft_ms(inputs.model, head, vocab_head))
     return inputs.make_exit_policy(policy, costs)
@@ -136,7 +136,7 @@ def model_drafter(inputs: StrategyInputs, policy: str) -> ChainDrafter:
     set, else the layer-skip draft."""
     if inputs.feature_head is None:
         return build_self_spec(inputs, policy)
-    return ChainDrafter(HeadFeatures(inputs.model, inputs.feature_head, inputs.draft_head),
+    return ChainDrafter(HeadFeatures(inputs.model, inputs.feature_head, inputs.draft_vocabulary),
                         head_exit_policy(inputs, policy))
 
 

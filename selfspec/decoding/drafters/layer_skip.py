@@ -10,7 +10,7 @@ from selfspec.decoding.drafters.base import ChainDrafter, Draft, DraftForward, G
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
 from selfspec.errors import SelfspecError
 from selfspec.models.cache import forward, forward_hidden
-from selfspec.models.draft_head import DraftHead
+from selfspec.models.draft_vocabulary import DraftVocabulary
 from selfspec.models.skip import skipping
 from selfspec.settings import POLICIES, SkipSet
 
@@ -19,7 +19,7 @@ class SkippedModel:
     """The target model with `skip` sublayers left out, over the target's own cache (its draft entries are
     overwritten by the verification); with a `head`, it scores only that reduced vocabulary."""
 
-    def __init__(self, model, skip: SkipSet, head: DraftHead | None = None):
+    def __init__(self, model, skip: SkipSet, head: DraftVocabulary | None = None):
         self.model, self.skip, self.head = model, skip, head
         self.cache = None
 
@@ -38,7 +38,7 @@ class SkippedModel:
 class SelfDrafter(ChainDrafter):
     """Draft & Verify's chain, which a batch drafts for all its rows with the same skip set and head at once."""
 
-    def __init__(self, model, skip: SkipSet, exit_policy: DraftExit, head: DraftHead | None = None):
+    def __init__(self, model, skip: SkipSet, exit_policy: DraftExit, head: DraftVocabulary | None = None):
         super().__init__(SkippedModel(model, skip, head), exit_policy)
 
     def batch_draft(self, tokens: list[int], max_tokens: int) -> Generator[DraftForward, torch.Tensor, Draft]:
@@ -60,8 +60,8 @@ class SelfDrafter(ChainDrafter):
 def build_self_spec(inputs: StrategyInputs, policy: str | None = None) -> SelfDrafter:
     """The layer-skip drafter under `policy` (None: draft.policy)."""
     policy = policy or inputs.draft.policy
-    return SelfDrafter(inputs.model, inputs.skip, inputs.exit_policy(policy, inputs.skip, inputs.draft_head),
-                       inputs.draft_head)
+    return SelfDrafter(inputs.model, inputs.skip, inputs.exit_policy(policy, inputs.skip, inputs.draft_vocabulary),
+                       inputs.draft_vocabulary)
 
 
 def build_self_spec_searched(inputs: StrategyInputs) -> SelfDrafter:

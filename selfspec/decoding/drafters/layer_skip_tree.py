@@ -205,7 +205,7 @@ def build_self_spec_tree(inputs: StrategyInputs) -> HybridDrafter:
     """prompt_lookup_tree's trie when the context has matches, else the model draft's tree (the feature head's where
     draft.head is set, else the layer-skip draft's), else the token store's tree (where draft.store is set); all under
     draft.hybrid_policy, where the cost-aware exit shapes each tree (depth, branches, none) from the measured costs."""
-    draft, skip, head, policy = inputs.draft, inputs.skip, inputs.draft_head, inputs.hybrid_policy
+    draft, skip, head, policy = inputs.draft, inputs.skip, inputs.draft_vocabulary, inputs.hybrid_policy
     shape = (draft.tree_nodes, draft.tree_depth, draft.tree_width, draft.tree_branch_below)
     if inputs.feature_head is None:
         tree = TreeDrafter(SkippedModel(inputs.model, skip, head), inputs.exit_policy(policy, skip, head, alone=True),

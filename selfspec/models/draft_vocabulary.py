@@ -17,7 +17,7 @@ from selfspec.models.output_layer import LogitsFinish, logits_finish, output_log
 
 
 @dataclass
-class DraftHead:
+class DraftVocabulary:
     token_ids: torch.Tensor  # (n,) long, sorted
     weight: torch.Tensor  # (n, hidden): those rows of the output layer
     vocab_size: int
@@ -52,11 +52,11 @@ def draft_vocabulary(tokenizer, size: int, vocab_size: int, texts: list[str]) ->
     return torch.tensor(sorted(t for t in list(chosen)[:size] if t < vocab_size))
 
 
-def make_draft_head(model, tokenizer, size: int, texts: list[str]) -> DraftHead:
+def make_draft_vocabulary(model, tokenizer, size: int, texts: list[str]) -> DraftVocabulary:
     """The rows of the model's output layer for the draft vocabulary (counted on `texts`, the caller's calibration
     text: data/prompt_sets.py `calibration_texts`), copied (in the model's dtype) onto the output
     layer's device."""
     with loaded_weights(model.get_output_embeddings()) as head:
         weight = head.weight  # (vocab, hidden)
         ids = draft_vocabulary(tokenizer, size, weight.shape[0], texts).to(weight.device)
-        return DraftHead(ids, weight.detach()[ids], weight.shape[0], logits_finish(model))
+        return DraftVocabulary(ids, weight.detach()[ids], weight.shape[0], logits_finish(model))
