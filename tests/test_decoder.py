@@ -174,7 +174,7 @@ def test_from_pretrained_loads_an_embedded_config_with_its_skip_set_and_decodes_
     settings = run_settings("model=tiny_llama")
     plain = SelfSpeculativeDecoder(decoder.model, decoder.tokenizer, strategy="plain")
     assert decoder.name == "self_spec_tree"
-    skip = decoder.strategy(DEFAULT_SAMPLING).drafter.fallback.skip  # the layer-skip draft of the tree
+    skip = decoder.strategy(DEFAULT_SAMPLING).drafter.fallback.source.skip  # the tree over the layer-skip draft
     assert (list(skip.attn), list(skip.mlp)) == (list(settings.skip.attn), list(settings.skip.mlp))
     assert decoder.generate(TEXT, max_new_tokens=16).token_ids == plain.generate(TEXT, max_new_tokens=16).token_ids
 
