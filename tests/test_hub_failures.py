@@ -4,11 +4,13 @@ down (5xx), a download cut off halfway, a cached snapshot a cut-off download lef
 at huggingface_hub's own HTTP client (set_client_factory with an httpx2 MockTransport) or, for the download itself,
 as the error snapshot_download raises; the run.py test points HF_ENDPOINT at a loopback port that refuses."""
 
+import hashlib
 import os
 
 import httpx2
 import huggingface_hub
 import pytest
+from huggingface_hub import file_download
 from huggingface_hub.errors import XetDownloadError
 
 from selfspec import cli
@@ -110,6 +112,60 @@ def test_a_download_cut_off_halfway_says_to_run_again(monkeypatch, capsys, error
     assert printed.startswith(f"selfspec: error: the download of model.path={REPO!r} from the Hugging Face hub was "
                               f"cut off ({type(error).__name__}: ")
     assert "run again to continue it (the files already downloaded stay in the Hugging Face cache)" in printed
+
+
+class CutOff(httpx2.SyncByteStream):
+    """A file's body that stops halfway, as a dropped connection ends it."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def __iter__(self):
+        yield self.data[:len(self.data) // 2]
+        raise httpx2.RemoteProtocolError("peer closed connection without sending complete message body")
+
+
+class ServedCheckpoint:
+    """The hub's answers about REPO, a tiny Llama checkpoint, for model_info and snapshot_download; the bodies of
+    the files in `cut` stop halfway."""
+
+    def __init__(self, folder, cut=()):
+        tiny_model("llama", num_layers=2, hidden_size=32).save_pretrained(folder)
+        byte_tokenizer().save_pretrained(folder)
+        self.files, self.cut, self.sha = {f.name: f.read_bytes() for f in folder.iterdir()}, set(cut), "a" * 40
+
+    def __call__(self, request):
+        path = request.url.path
+        if path.startswith(f"/api/models/{REPO}/tree/"):
+            return httpx2.Response(200, json=[{"type": "file", "path": name, "size": len(data),
+                                               "oid": hashlib.sha1(data).hexdigest()}
+                                              for name, data in self.files.items()])
+        if path.startswith(f"/api/models/{REPO}"):  # model_info, and repo_info at a revision
+            return httpx2.Response(200, json={"id": REPO, "sha": self.sha, "config": {"model_type": "llama"},
+                                              "siblings": [{"rfilename": name, "size": len(data)}
+                                                           for name, data in self.files.items()]})
+        name = path.rpartition("/")[2]  # /<repo>/resolve/<sha>/<name>
+        data = self.files[name]
+        headers = {"X-Repo-Commit": self.sha, "ETag": f'"{hashlib.sha1(data).hexdigest()}"',
+                   "Content-Length": str(len(data))}
+        if request.method == "GET" and name in self.cut:
+            return httpx2.Response(200, headers=headers, stream=CutOff(data))
+        return httpx2.Response(200, headers=headers, content=b"" if request.method == "HEAD" else data)
+
+
+def test_a_download_the_network_cuts_off_ends_in_one_line_and_the_next_run_finishes_it(hub, tmp_path, monkeypatch,
+                                                                                         capsys):
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(file_download.time, "sleep", lambda seconds: None)  # between the hub's own retries
+    hub.answer = ServedCheckpoint(tmp_path / "checkpoint", cut={"model.safetensors"})
+    printed = run_py_error(capsys, cfg("hub", path=REPO))
+    assert printed.startswith(f"selfspec: error: the download of model.path={REPO!r} from the Hugging Face hub was "
+                              f"cut off (RemoteProtocolError: peer closed connection without sending complete "
+                              f"message body); run again to continue it")
+    hub.answer.cut, hub.requests[:] = set(), []
+    assert load_model(cfg("hub", path=REPO)).model.config.model_type == "llama"
+    fetched = [r.url.path.rpartition("/")[2] for r in hub.requests if r.method == "GET" and "/resolve/" in r.url.path]
+    assert fetched == ["model.safetensors"]  # the files the first run finished stayed in the cache
 
 
 def cached_snapshot(tmp_path, monkeypatch, weights: bool):
