@@ -139,7 +139,7 @@ class FakeHub:
         monkeypatch.setattr(checkpoints, "snapshot_download", self.snapshot_download)
         monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
 
-    def model_info(self, repo, files_metadata=False):
+    def model_info(self, repo, files_metadata=False, timeout=None):
         self.calls.append(("model_info", repo))
         if self.error is not None:
             raise self.error

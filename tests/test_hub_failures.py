@@ -69,8 +69,9 @@ def status(code, **headers):
     (raising(httpx2.ConnectError("[Errno 111] Connection refused")),
      ["could not be reached (ConnectError: [Errno 111] Connection refused)", OFFLINE_WAY_OUT]),
     (raising(httpx2.ConnectTimeout("timed out")),
-     ["could not be reached (ConnectTimeout: timed out)", OFFLINE_WAY_OUT]),
-    (raising(httpx2.ReadTimeout("")), ["could not be reached (ReadTimeout: no message)", OFFLINE_WAY_OUT]),
+     ["could not be reached (ConnectTimeout: timed out); raise HF_HUB_ETAG_TIMEOUT=<seconds>", OFFLINE_WAY_OUT]),
+    (raising(httpx2.ReadTimeout("")),
+     ["could not be reached (ReadTimeout: no message); raise HF_HUB_ETAG_TIMEOUT=<seconds>", OFFLINE_WAY_OUT]),
     (status(401, **{"X-Error-Code": "GatedRepo"}), [f"is gated: accept its terms on https://huggingface.co/{REPO}",
                                                     "hf auth login"]),
     (status(403, **{"X-Error-Code": "GatedRepo"}), ["is gated", "hf auth login"]),
@@ -87,7 +88,8 @@ def test_each_way_the_hub_fails_ends_in_one_line_with_the_model_id_and_the_way_o
     hub.answer = answer
     printed = run_py_error(capsys, cfg("hub", path=REPO))
     assert f"model.path={REPO!r}" in printed and all(part in printed for part in parts), printed
-    assert any(f"/api/models/{REPO}" in str(request.url) for request in hub.requests)
+    asked = [request for request in hub.requests if f"/api/models/{REPO}" in str(request.url)]
+    assert asked and asked[0].extensions["timeout"]["connect"] == huggingface_hub.constants.HF_HUB_ETAG_TIMEOUT
 
 
 def test_an_id_the_hub_cannot_hold_is_no_model(hub, capsys):
@@ -99,19 +101,21 @@ def test_an_id_the_hub_cannot_hold_is_no_model(hub, capsys):
 
 @pytest.mark.parametrize("error", [
     httpx2.RemoteProtocolError("peer closed connection without sending complete message body"),  # after its retries
+    httpx2.ReadTimeout("The read operation timed out"),
     httpx2.ReadError("[Errno 104] Connection reset by peer"),
     OSError("Consistency check failed: file should be of size 2147483648 but has size 1048576 (model.safetensors)."),
     XetDownloadError("connection lost"),
 ])
 def test_a_download_cut_off_halfway_says_to_run_again(monkeypatch, capsys, error):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(checkpoints.HfApi, "model_info", lambda self, repo, files_metadata: type("Info", (), {
+    monkeypatch.setattr(checkpoints.HfApi, "model_info", lambda self, repo, **options: type("Info", (), {
         "config": {"model_type": "llama"}, "siblings": []})())
     monkeypatch.setattr(checkpoints, "snapshot_download", raising(error))
     printed = run_py_error(capsys, cfg("hub", path=REPO))
     assert printed.startswith(f"selfspec: error: the download of model.path={REPO!r} from the Hugging Face hub was "
                               f"cut off ({type(error).__name__}: ")
     assert "run again to continue it (the files already downloaded stay in the Hugging Face cache)" in printed
+    assert ("raise HF_HUB_DOWNLOAD_TIMEOUT=<seconds>" in printed) == isinstance(error, httpx2.TimeoutException)
 
 
 class CutOff(httpx2.SyncByteStream):
@@ -162,10 +166,13 @@ def test_a_download_the_network_cuts_off_ends_in_one_line_and_the_next_run_finis
     assert printed.startswith(f"selfspec: error: the download of model.path={REPO!r} from the Hugging Face hub was "
                               f"cut off (RemoteProtocolError: peer closed connection without sending complete "
                               f"message body); run again to continue it")
+    snapshot = tmp_path / "hub" / "models--some-org--some-model" / "snapshots" / hub.answer.sha
+    finished = {file.name for file in snapshot.iterdir()}
+    assert "model.safetensors" not in finished and not list((tmp_path / "hub").rglob("*.incomplete"))
     hub.answer.cut, hub.requests[:] = set(), []
     assert load_model(cfg("hub", path=REPO)).model.config.model_type == "llama"
-    fetched = [r.url.path.rpartition("/")[2] for r in hub.requests if r.method == "GET" and "/resolve/" in r.url.path]
-    assert fetched == ["model.safetensors"]  # the files the first run finished stayed in the cache
+    fetched = {r.url.path.rpartition("/")[2] for r in hub.requests if r.method == "GET" and "/resolve/" in r.url.path}
+    assert fetched == set(hub.answer.files) - finished  # what the first run finished stayed in the cache
 
 
 def cached_snapshot(tmp_path, monkeypatch, weights: bool):
@@ -205,6 +212,7 @@ def test_a_sharded_snapshot_with_a_shard_missing_lacks_weights(tmp_path, monkeyp
     assert not checkpoints._has_weights(snapshot)
 
 
+@pytest.mark.slow  # a run.py subprocess
 def test_run_py_with_the_hub_unreachable_ends_in_one_line_and_no_traceback(tmp_path):
     env = {name: value for name, value in os.environ.items() if name != "HF_HUB_OFFLINE"}
     env |= {"HF_ENDPOINT": "http://127.0.0.1:9", "HF_HOME": str(tmp_path / "hf"), "HF_HUB_ETAG_TIMEOUT": "2",

@@ -6,7 +6,7 @@ GGUF files are slow to dequantise, so the first load converts them once to safet
 `<cache_dir>/<source>/` (a user's file: `<cache_dir>/gguf-<name>-<hash of path, size, time>/`); later loads read that
 folder. A hub id not in the cache (or cached without its weights: a download cut off) is downloaded by huggingface_hub
 (its progress bar, the user's token for gated models) after saying how big it is, unless HF_HUB_OFFLINE is set; every
-failure to reach or read the hub ends in one line with the way out (hub_failure).
+failure to reach or read the hub ends in one line with the way out (_hub_failure).
 """
 
 import hashlib
@@ -88,9 +88,10 @@ def _download(repo: str) -> Path:
     """huggingface_hub's own download of `repo`'s config, tokenizer and weights into the Hugging Face cache, after one
     line saying how big they are. The user's token (HF_TOKEN, `hf auth login`) opens gated models."""
     try:
-        info = HfApi().model_info(repo, files_metadata=True)
+        # the hub's own time-out for metadata (HF_HUB_ETAG_TIMEOUT, 10 s): without one a dead link waits minutes
+        info = HfApi().model_info(repo, files_metadata=True, timeout=constants.HF_HUB_ETAG_TIMEOUT)
     except HUB_ERRORS as error:
-        raise hub_failure(repo, error) from None
+        raise _hub_failure(repo, error) from None
     registered((info.config or {}).get("model_type"), f"model.path={repo!r}")  # before any byte is downloaded
     files = checkpoint_files({sibling.rfilename: sibling.size or 0 for sibling in info.siblings})
     size = sum(files.values())
@@ -99,10 +100,10 @@ def _download(repo: str) -> Path:
     try:
         return Path(snapshot_download(repo, allow_patterns=list(files)))
     except HUB_ERRORS as error:
-        raise hub_failure(repo, error, downloading=True) from None
+        raise _hub_failure(repo, error, downloading=True) from None
 
 
-def hub_failure(repo: str, error: Exception, downloading: bool = False) -> SelfspecError:
+def _hub_failure(repo: str, error: Exception, downloading: bool = False) -> SelfspecError:
     """One line for a failure to reach or read the hub about `repo`: what failed, and the way out. `downloading`: the
     hub had answered, so the failure cut the download off."""
     where, elsewhere = f"model.path={repo!r}", "set HF_HUB_OFFLINE=1 and model.path=<folder> of a copy made elsewhere"
@@ -117,6 +118,9 @@ def hub_failure(repo: str, error: Exception, downloading: bool = False) -> Selfs
         return SelfspecError(f"the Hugging Face hub refused {where} (HTTP {status}): log in with access to it "
                              f"(hf auth login, or HF_TOKEN), or {elsewhere}")
     reason = f"HTTP {status}" if status else f"{type(error).__name__}: {_first_line(error)}"
+    if isinstance(error, httpx2.TimeoutException):
+        limit = "HF_HUB_DOWNLOAD_TIMEOUT" if downloading else "HF_HUB_ETAG_TIMEOUT"
+        elsewhere = f"raise {limit}=<seconds> on a slow link, or {elsewhere}"
     if downloading:
         return SelfspecError(f"the download of {where} from the Hugging Face hub was cut off ({reason}); run again "
                              f"to continue it (the files already downloaded stay in the Hugging Face cache), "
