@@ -1,12 +1,15 @@
 """`python run.py task=serve` as a subprocess on a free local port: the openai client and httpx stream replies equal
 to plain greedy decoding, 16 concurrent clients, the queue (429, a disconnect frees it), every bad request's 4xx,
-the API key, and the page in headless Chromium (the screenshot lands in outputs/test_artifacts/)."""
+a body above serve.max_body_bytes (413), the API key, and the page in headless Chromium (the screenshot lands in
+outputs/test_artifacts/), where a reply of HTML and script shows as text."""
 
 import asyncio
 import json
 import shutil
+import socket
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -172,6 +175,18 @@ def test_each_bad_request_gets_an_openai_shaped_4xx(tiny_url, path, body, status
     assert response.status_code == status
     problem = response.json()["error"]
     assert words in problem["message"] and problem["type"]
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["content-length", "chunked"])
+def test_a_body_above_serve_max_body_bytes_gets_413_in_openais_shape(tiny_url, chunked):
+    content = json.dumps({"model": "tiny_llama", "messages": chat("x" * 2 ** 20)}).encode()
+    sent = (content[start:start + 2 ** 16] for start in range(0, len(content), 2 ** 16)) if chunked else content
+    response = httpx.post(f"{tiny_url}/v1/chat/completions", content=sent,
+                          headers={"Content-Type": "application/json"}, timeout=60)
+    assert response.status_code == 413
+    problem = response.json()["error"]
+    assert "limit of 1048576 bytes (serve.max_body_bytes)" in problem["message"]
+    assert problem["type"] == "invalid_request_error"
 
 
 KEY = {"Authorization": "Bearer secret"}
@@ -351,3 +366,67 @@ def test_the_page_strikes_through_the_tokens_a_banned_word_rolled_back(tiny_url,
         assert struck and all("line-through" in s.value_of_css_property("text-decoration") for s in struck)
         assert kept == expected.text
         driver.save_screenshot(str(ARTIFACTS / "serve_page_rollback.png"))
+
+
+MARKUP = ["<script>window.ran = 1</script>", "<b>bold</b>", '<img src="x" onerror="window.ran = 2">', " &amp; done"]
+
+
+def markup_events():
+    """A reply whose tokens are HTML and script, streamed in the served events' shape (serve/schemas.py)."""
+    stats = {"tokens_per_s": 10.0, "acceptance_rate": 0.5, "mean_accepted_tokens": 1.5, "new_tokens": len(MARKUP),
+             "verify_steps": len(MARKUP) - 1}
+    for index, text in enumerate(MARKUP):
+        yield "data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}],
+                                     "selfspec": {"tokens": [[index, text, "verified"]], "rolled_back": [],
+                                                  "retracted": 0, "stats": stats}}) + "\n\n"
+    yield "data: " + json.dumps({"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": len(MARKUP)},
+                                 "selfspec": {"strategy": "plain", "stats": stats}}) + "\n\n"
+    yield "data: [DONE]\n\n"
+
+
+@contextmanager
+def markup_server():
+    """The page (serve/static/index.html) beside a stand-in API that streams `markup_events`, on a free port."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import FileResponse, JSONResponse, StreamingResponse
+    from starlette.routing import Route
+
+    from selfspec.serve.app import PAGE
+
+    async def health(_):
+        return JSONResponse({"model": "stand-in", "strategy": "plain", "auth": False})
+
+    async def completions(_):
+        return StreamingResponse(markup_events(), media_type="text/event-stream")
+
+    app = Starlette(routes=[Route("/", lambda _: FileResponse(PAGE)), Route("/health", health),
+                            Route("/v1/chat/completions", completions, methods=["POST"])])
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join()
+
+
+def test_the_page_shows_a_reply_of_html_and_script_as_text_and_runs_none_of_it():
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    with markup_server() as url, headless_chromium() as driver:
+        driver.get(f"{url}/")
+        WebDriverWait(driver, 60).until(lambda d: "strategy" in d.find_element(By.ID, "served").text)
+        driver.find_element(By.ID, "send").click()
+        WebDriverWait(driver, 60).until(lambda d: "done" in d.find_element(By.CSS_SELECTOR, ".stats").text)
+        reply = driver.find_element(By.CSS_SELECTOR, ".reply")
+        assert driver.execute_script("return arguments[0].textContent", reply) == "".join(MARKUP)
+        assert reply.find_elements(By.CSS_SELECTOR, "script, b, img") == []
+        assert driver.execute_script("return window.ran") is None

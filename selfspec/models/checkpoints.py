@@ -4,8 +4,9 @@ its config before any weight is read.
 
 GGUF files are slow to dequantise, so the first load converts them once to safetensors under
 `<cache_dir>/<source>/` (a user's file: `<cache_dir>/gguf-<name>-<hash of path, size, time>/`); later loads read that
-folder. A hub id not in the cache is downloaded by huggingface_hub (its progress bar, the user's
-token for gated models) after saying how big it is, unless HF_HUB_OFFLINE is set.
+folder. A hub id not in the cache (or cached without its weights: a download cut off) is downloaded by huggingface_hub
+(its progress bar, the user's token for gated models) after saying how big it is, unless HF_HUB_OFFLINE is set; every
+failure to reach or read the hub ends in one line with the way out (_hub_failure).
 """
 
 import hashlib
@@ -16,11 +17,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-import httpx
+import httpx2
 import huggingface_hub
 import torch
-from huggingface_hub import HfApi, snapshot_download
-from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+from huggingface_hub import HfApi, constants, snapshot_download
+from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, HFValidationError, RepositoryNotFoundError,
+                                     XetDownloadError)
 from transformers import CONFIG_MAPPING, AutoModelForCausalLM, AutoTokenizer
 from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 from transformers.utils import cached_file
@@ -30,6 +32,9 @@ from selfspec.models.layouts import LAYOUTS, registered
 from selfspec.settings import ModelSettings
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# What reaching or reading the hub raises: httpx2's errors (huggingface_hub's HTTP client), the hub's own errors
+# (OSErrors, as are a full disk and a size check that failed) and hf_xet's download error.
+HUB_ERRORS = (OSError, httpx2.HTTPError, XetDownloadError, HFValidationError)
 CHECKPOINT_SUFFIXES = (".json", ".model", ".txt", ".tiktoken", ".jinja")  # config, tokenizer, chat template
 
 
@@ -55,35 +60,77 @@ def _hub_folder(path: str | None) -> Path:
     if local.is_dir():
         return local
     try:
-        return Path(cached_file(path, "config.json", local_files_only=True)).parent
+        cached = Path(cached_file(path, "config.json", local_files_only=True)).parent
     except OSError:
-        if huggingface_hub.is_offline_mode():
-            raise SelfspecError(f"model.path={path!r} is not a local directory and is not in the local "
-                                f"Hugging Face cache (offline: HF_HUB_OFFLINE is set); {hint}") from None
+        cached = None
+    if cached is not None and _has_weights(cached):
+        return cached
+    if huggingface_hub.is_offline_mode():
+        if cached is not None:
+            raise SelfspecError(f"model.path={path!r}: its snapshot in the local Hugging Face cache ({cached}) lacks "
+                                f"weights, as a cut-off download leaves it; run again without HF_HUB_OFFLINE to "
+                                f"finish the download, or {hint}")
+        raise SelfspecError(f"model.path={path!r} is not a local directory and is not in the local "
+                            f"Hugging Face cache (offline: HF_HUB_OFFLINE is set); {hint}")
     return _download(path)
+
+
+def _has_weights(folder: Path) -> bool:
+    """Whether a checkpoint folder holds its weights: every shard its index names, else one weights file. A download
+    cut off leaves a snapshot with config.json and only some of them."""
+    for index in folder.glob("*.index.json"):
+        shards = set(json.loads(index.read_text()).get("weight_map", {}).values())
+        return all((folder / shard).is_file() for shard in shards)
+    return any(folder.glob("*.safetensors")) or any(folder.glob("*.bin"))
 
 
 def _download(repo: str) -> Path:
     """huggingface_hub's own download of `repo`'s config, tokenizer and weights into the Hugging Face cache, after one
     line saying how big they are. The user's token (HF_TOKEN, `hf auth login`) opens gated models."""
     try:
-        info = HfApi().model_info(repo, files_metadata=True)
-    except GatedRepoError:
-        raise SelfspecError(f"model.path={repo!r} is gated: accept its terms on https://huggingface.co/{repo} and log "
-                            f"in (hf auth login, or HF_TOKEN)") from None
-    except RepositoryNotFoundError:
-        raise SelfspecError(f"model.path={repo!r} is neither a local directory nor a model on the Hugging Face hub "
-                            f"(a private one needs hf auth login)") from None
-    except (OSError, httpx.HTTPError) as error:  # no network (the hub's HTTP errors are OSErrors too): one line
-        raise SelfspecError(f"model.path={repo!r} is not in the local Hugging Face cache and the hub could not be "
-                            f"reached ({type(error).__name__}); set HF_HUB_OFFLINE=1 to stay offline, or download "
-                            f"the weights elsewhere and set model.path=/dir/with/config.json") from None
+        # the hub's own time-out for metadata (HF_HUB_ETAG_TIMEOUT, 10 s): without one a dead link waits minutes
+        info = HfApi().model_info(repo, files_metadata=True, timeout=constants.HF_HUB_ETAG_TIMEOUT)
+    except HUB_ERRORS as error:
+        raise _hub_failure(repo, error) from None
     registered((info.config or {}).get("model_type"), f"model.path={repo!r}")  # before any byte is downloaded
     files = checkpoint_files({sibling.rfilename: sibling.size or 0 for sibling in info.siblings})
     size = sum(files.values())
     print(f"selfspec: downloading {repo} from the Hugging Face hub: {len(files)} files, {size / 2 ** 30:.2f} GiB, "
           f"into the Hugging Face cache", file=sys.stderr)
-    return Path(snapshot_download(repo, allow_patterns=list(files)))
+    try:
+        return Path(snapshot_download(repo, allow_patterns=list(files)))
+    except HUB_ERRORS as error:
+        raise _hub_failure(repo, error, downloading=True) from None
+
+
+def _hub_failure(repo: str, error: Exception, downloading: bool = False) -> SelfspecError:
+    """One line for a failure to reach or read the hub about `repo`: what failed, and the way out. `downloading`: the
+    hub had answered, so the failure cut the download off."""
+    where, elsewhere = f"model.path={repo!r}", "set HF_HUB_OFFLINE=1 and model.path=<folder> of a copy made elsewhere"
+    if isinstance(error, GatedRepoError):  # before RepositoryNotFoundError, its base class
+        return SelfspecError(f"{where} is gated: accept its terms on https://huggingface.co/{repo} and log in "
+                             f"(hf auth login, or HF_TOKEN)")
+    if isinstance(error, (RepositoryNotFoundError, HFValidationError)):
+        return SelfspecError(f"{where} is neither a local directory nor a model on the Hugging Face hub; check the "
+                             f"id (a private model needs hf auth login), or set model.path=<folder>")
+    status = error.response.status_code if isinstance(error, HfHubHTTPError) else None
+    if status in (401, 403):
+        return SelfspecError(f"the Hugging Face hub refused {where} (HTTP {status}): log in with access to it "
+                             f"(hf auth login, or HF_TOKEN), or {elsewhere}")
+    reason = f"HTTP {status}" if status else f"{type(error).__name__}: {_first_line(error)}"
+    if isinstance(error, httpx2.TimeoutException):
+        limit = "HF_HUB_DOWNLOAD_TIMEOUT" if downloading else "HF_HUB_ETAG_TIMEOUT"
+        elsewhere = f"raise {limit}=<seconds> on a slow link, or {elsewhere}"
+    if downloading:
+        return SelfspecError(f"the download of {where} from the Hugging Face hub was cut off ({reason}); run again "
+                             f"to continue it (the files already downloaded stay in the Hugging Face cache), "
+                             f"or {elsewhere}")
+    return SelfspecError(f"{where} is not in the local Hugging Face cache and the hub at {constants.ENDPOINT} "
+                         f"could not be reached ({reason}); {elsewhere}")
+
+
+def _first_line(error: Exception) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else "no message"
 
 
 def checkpoint_files(sizes: dict[str, int]) -> dict[str, int]:

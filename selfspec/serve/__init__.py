@@ -2,10 +2,12 @@
 (app.py; request bodies in schemas.py, the decoding batch in batcher.py, the queue beyond it in queue.py, the page
 in static/index.html; the load test of `make serve-bench` in bench.py)."""
 
+import ipaddress
+import warnings
 from pathlib import Path
 
-from selfspec.errors import SelfspecError
-from selfspec.settings import RunSettings
+from selfspec.errors import SelfspecError, SelfspecWarning
+from selfspec.settings import RunSettings, ServeSettings
 
 
 def serve(settings: RunSettings, out_dir: Path) -> None:
@@ -24,6 +26,7 @@ def serve(settings: RunSettings, out_dir: Path) -> None:
     if settings.serve.strategy not in STRATEGIES:
         raise SelfspecError(f"serve.strategy={settings.serve.strategy!r} is not allowed; "
                             f"allowed: {', '.join(STRATEGIES)}")
+    warn_if_open(settings.serve)
     loaded = load_model(settings.model)
     draft_model = load_model(settings.draft_model).model if settings.draft_model else None
     name = settings.serve.strategy
@@ -41,3 +44,21 @@ def serve(settings: RunSettings, out_dir: Path) -> None:
     print(f"selfspec: serving {loaded.name} ({settings.serve.strategy}) on http://{host}:{port} "
           f"(page: /, API: /v1/chat/completions, /v1/completions)", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")
+
+
+def warn_if_open(serve: ServeSettings) -> None:
+    """One `selfspec: warning:` line when the server listens beyond this machine and no API key guards it."""
+    if not serve.api_key and not loopback(serve.host):
+        warnings.warn(f"serve.host={serve.host!r} takes requests from other machines and serve.api_key is not set: "
+                      f"anyone who reaches port {serve.port} can use the model; set serve.api_key=<secret>, or "
+                      f"serve.host=127.0.0.1 to serve this machine only", SelfspecWarning, stacklevel=2)
+
+
+def loopback(host: str) -> bool:
+    """Whether `host` is this machine only: localhost, 127.0.0.0/8 or ::1 (0.0.0.0 and :: are every interface)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve beyond this machine
+        return False

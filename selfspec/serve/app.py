@@ -6,9 +6,11 @@ one batch (serve/batcher.py); a request joins it at the next step and leaves whe
 and reads its own generation's steps, from which its own stream is built. Beyond the batch, requests wait in
 arrival order in a bounded queue (queue.py; a full one answers 429). A streaming client that disconnects cancels
 its response (sse-starlette), which takes its generation out of the batch; a waiting one leaves the queue.
-serve.max_batch=1 decodes one request at a time.
+serve.max_batch=1 decodes one request at a time. A request body above serve.max_body_bytes is answered 413 before
+anything parses it (BodyLimit).
 """
 
+import hmac
 import json
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -19,7 +21,9 @@ from fastapi.responses import FileResponse
 from sse_starlette import EventSourceResponse
 from starlette.background import BackgroundTask
 from starlette.concurrency import iterate_in_threadpool, run_in_threadpool
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from selfspec.api.decoder import SelfSpeculativeDecoder
 from selfspec.errors import SelfspecError
@@ -37,6 +41,36 @@ class BadRequest(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None):
         super().__init__(message)
         self.status, self.param, self.code = status, param, code
+
+
+class BodyLimit:
+    """ASGI middleware: a request body above `max_bytes` is answered 413 in OpenAI's error shape, at once when its
+    Content-Length says so, else (a chunked body) as soon as the bytes read pass the limit."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = Headers(scope=scope).get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            return await error(413, self.too_large(f"{declared} bytes"))(scope, receive, send)
+        received = 0
+
+        async def counted() -> dict:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.max_bytes:  # FastAPI answers an HTTPException raised while it reads the body
+                raise HTTPException(413, self.too_large(f"over {self.max_bytes} bytes"))
+            return message
+
+        await self.app(scope, counted, send)
+
+    def too_large(self, size: str) -> str:
+        return (f"the request body ({size}) is above this server's limit of {self.max_bytes} bytes "
+                f"(serve.max_body_bytes)")
 
 
 def make_app(decoders: dict[str, SelfSpeculativeDecoder], model_name: str, serve: ServeSettings,
@@ -58,6 +92,7 @@ def make_app(decoders: dict[str, SelfSpeculativeDecoder], model_name: str, serve
             batcher.stop()
 
     app = FastAPI(title="selfspec", docs_url=None, redoc_url=None, lifespan=decoding)
+    app.add_middleware(BodyLimit, max_bytes=serve.max_body_bytes)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_, exc: RequestValidationError):
@@ -88,7 +123,8 @@ def make_app(decoders: dict[str, SelfSpeculativeDecoder], model_name: str, serve
         return error(500, str(exc), kind="server_error")
 
     def authorize(request: Request) -> None:
-        if serve.api_key and request.headers.get("authorization") != f"Bearer {serve.api_key}":
+        sent, expected = request.headers.get("authorization", "").encode(), f"Bearer {serve.api_key}".encode()
+        if serve.api_key and not hmac.compare_digest(sent, expected):  # in constant time: no timing hints
             raise BadRequest(401, "missing or wrong API key: send the header `Authorization: Bearer <key>`",
                              code="invalid_api_key")
 

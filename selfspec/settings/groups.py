@@ -268,6 +268,7 @@ class ServeSettings:
     max_queue: int  # requests waiting beyond the max_batch decoding ones; one more is answered 429
     max_tokens: int  # the most new tokens a request may ask for
     max_prompt_tokens: int  # the longest prompt a request may send (with max_tokens: the batch's cache per row)
+    max_body_bytes: int  # the largest request body; a larger one is answered 413 before it is parsed
     api_key: Optional[str] = None  # set: /v1 requests need `Authorization: Bearer <api_key>`
 
     def __post_init__(self):
@@ -277,3 +278,4 @@ class ServeSettings:
         at_least("max_queue", self.max_queue, 0)
         at_least("max_tokens", self.max_tokens, 1)
         at_least("max_prompt_tokens", self.max_prompt_tokens, 1)
+        at_least("max_body_bytes", self.max_body_bytes, 1)
