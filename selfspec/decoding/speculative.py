@@ -128,7 +128,7 @@ class Generation:
         probs = torch.softmax(target[0], dim=-1)  # (vocab,)
         token = int(probs.argmax()) if self.context.settings.greedy else sample(probs, self.context.generator)
         self.confidence = float(probs[token])
-        return self._apply(Emitted([token], None, token_logprobs(self.context, target, [token])))
+        return self._apply(Emitted([token], None, token_logprobs(self.context, target, [token], [0])))
 
     def propose(self) -> Proposal:
         """What the next verification checks, the drafter drafting alone (batch size 1)."""
@@ -203,7 +203,7 @@ def accept(model, context: GenerationContext, tokens: list[int], proposal: Propo
                       tree_depth=depth if is_tree else 0)
     if draft.tokens:
         drafter.update(depth, len(path), path if is_tree else None, draft.source)
-    return Emitted(new, step, token_logprobs(context, target[rows[:len(new)]], new))
+    return Emitted(new, step, token_logprobs(context, target, new, rows[:len(new)]))
 
 
 def verify_greedy(draft_tokens: list[int], target_scores: torch.Tensor) -> tuple[int, int]:
@@ -257,12 +257,13 @@ def forbid(context: GenerationContext, logits: torch.Tensor) -> torch.Tensor:
     return logits
 
 
-def token_logprobs(context: GenerationContext, target: torch.Tensor, tokens: list[int]) -> list[TokenLogprob] | None:
-    """The log-probabilities of `tokens` under the filtered scores `target` (len(tokens), vocab) that chose them,
-    with context.top_logprobs alternatives each; None when the generation does not ask for them."""
+def token_logprobs(context: GenerationContext, target: torch.Tensor, tokens: list[int], rows: list[int]
+                   ) -> list[TokenLogprob] | None:
+    """The log-probabilities of `tokens` under the filtered scores `target` (rows, vocab) that chose them (token i
+    by row rows[i]), with context.top_logprobs alternatives each; None when the generation does not ask for them."""
     if context.top_logprobs is None:
         return None
-    logprobs = torch.log_softmax(target.float(), dim=-1)  # (n, vocab)
+    logprobs = torch.log_softmax(target[rows].float(), dim=-1)  # (n, vocab)
     chosen = logprobs[torch.arange(len(tokens)), torch.tensor(tokens, device=logprobs.device)].tolist()
     values, ids = logprobs.topk(context.top_logprobs, dim=-1)  # (n, top)
     return [TokenLogprob(logprob, [(i, v) for i, v in zip(row_ids, row_values) if v > float("-inf")])
