@@ -5,7 +5,7 @@ greedy decoding emits plain decoding's tokens and leaves the cache holding exact
 from dataclasses import replace
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from selfspec.decoding.batch import generate_batch
@@ -35,7 +35,7 @@ def model(request):
 
 # A drafter whose drafts hypothesis chooses
 
-KINDS = ["right", "right", "wrong", "end", "late"]  # right first: failures shrink towards right drafts
+KINDS = ["right"] * 5 + ["wrong", "end", "late"]  # right first: failures shrink towards right drafts
 
 
 @st.composite
@@ -132,7 +132,7 @@ def draw_options(data, model, tokenizer, outputs: list[list[int]], max_new: int 
     banned = draw_words(data, tokenizer, outputs[0][:n], "banned_words")
     stop = draw_words(data, tokenizer, outputs[-1][:n], "stop")
     rules = text_rules(model, tokenizer, banned, data.draw(st.booleans(), label="case_sensitive"), stop)
-    gate = data.draw(st.none() | st.floats(0.0, 1.0), label="target_gate")
+    gate = data.draw(st.sampled_from([None] * 5 + [0.0, 0.05, 0.2, 1.0]), label="target_gate")  # 1.0: never drafts
     return GenerationOptions(replace(GREEDY, max_new_tokens=n, repetition_penalty=penalty), end_ids=end_ids,
                              rules=rules, target_gate=gate)
 
@@ -147,17 +147,29 @@ def draw_case(data, model, tokenizer) -> tuple[list[int], GenerationOptions, lis
 
 # The properties
 
+def note_coverage(options: GenerationOptions, result) -> None:
+    """What a case exercised, for `pytest --hypothesis-show-statistics`."""
+    rules, steps = options.rules, result.steps
+    event(f"banned words: {bool(rules and rules.banned)}, stop strings: {bool(rules and rules.stop)}")
+    event(f"finish: {result.finish_reason}, rolled back: {result.rollbacks > 0}")
+    event(f"trees: {any(s.tree_size for s in steps)}, chains: {any(s.drafted and not s.tree_size for s in steps)}")
+    event(f"most accepted in a step: {min(max([s.accepted for s in steps], default=0), 3)}")
+    event(f"accepted drafts cut (end id or length): {bool(steps) and steps[-1].emitted <= steps[-1].accepted}")
+
+
 @settings(max_examples=40, **PROPERTY)
 @given(data=st.data())
 def test_greedy_output_equals_plain_decoding_whatever_is_drafted(model, tokenizer, data):
     """Under any draft, with random end ids, lengths, banned words and stop strings: the output, its finish reason
     and its rollbacks are plain decoding's; every step keeps at most the drafted depth and emits at most one token
-    past what it accepted; without rules, the prefill and the steps' emitted tokens are the whole output."""
+    past what it accepted, and the drafter is told each drafting step's depth and accepted count; without rules,
+    the prefill and the steps' emitted tokens are the whole output."""
     prompt, options, references = draw_case(data, model, tokenizer)
     plain = generate(model, prompt, options)
     drafter = ChosenDrafter(data, [prompt + plain.new_tokens] + references, options.end_ids,
                             data.draw(st.booleans(), label="obey_depth"))
     result = generate(model, prompt, options, drafter)
+    note_coverage(options, result)
     assert result.new_tokens == plain.new_tokens
     assert (result.finish_reason, result.rollbacks) == (plain.finish_reason, plain.rollbacks)
     for step in result.steps:
@@ -165,7 +177,7 @@ def test_greedy_output_equals_plain_decoding_whatever_is_drafted(model, tokenize
         assert step.accepted <= depth and step.emitted <= step.accepted + 1
     if options.rules is None:
         assert 1 + sum(step.emitted for step in result.steps) == len(result.new_tokens)
-    assert [(u[0], u[1]) for u in drafter.updates] == [(s.tree_depth if s.tree_size else s.drafted, s.accepted)
+    assert [update[:2] for update in drafter.updates] == [(s.tree_depth if s.tree_size else s.drafted, s.accepted)
                                                        for s in result.steps if s.drafted]
 
 
@@ -203,14 +215,15 @@ def test_a_batch_of_random_rows_gives_each_prompt_its_batch_size_1_output(model,
     its own drafter (plain, chosen, n-gram chain or tree, layer-skip), under shared random end ids, length, banned
     words and stop strings: each prompt's output is plain decoding's at batch size 1."""
     prompts = [tokenizer(text).input_ids
-               for text in data.draw(st.lists(prompt_texts, min_size=1, max_size=4), label="prompts")]
+               for text in data.draw(st.lists(prompt_texts, min_size=2, max_size=4), label="prompts")]
     references = [reference(model, prompt, 1.0) for prompt in prompts]
     options = draw_options(data, model, tokenizer, [ref[len(p):] for p, ref in zip(prompts, references)], 12)
     plain = [generate(model, prompt, options).new_tokens for prompt in prompts]
     rows = data.draw(st.integers(1, len(prompts)), label="rows")
-    kinds = data.draw(st.lists(st.sampled_from([None, "chosen", "ngram", "ngram_tree", "self"]), min_size=rows,
+    kinds = data.draw(st.lists(st.sampled_from(["chosen", "self", "ngram", "ngram_tree", None]), min_size=rows,
                                max_size=rows), label="drafters")
     expected = [prompt + output for prompt, output in zip(prompts, plain)]
     drafters = [row_drafter(data, model, kind, expected + references, options.end_ids) for kind in kinds]
     results = generate_batch(model, prompts, options, drafters, rows=rows)
+    event(f"rows: {rows} for {len(prompts)} prompts; drafted: {sum(result.drafted > 0 for result in results)}")
     assert [result.new_tokens for result in results] == plain
