@@ -53,7 +53,8 @@ class ChosenDrafter:
     right (the next token of a reference the node's path follows: plain decoding's output with or without the
     rules, so right drafts run on past end ids, max_new_tokens and into banned words), wrong (a random token), an
     end id, or late (the reference's token one position on). With `obey_depth` False it ignores the depth the loop
-    asks for, so drafts run past max_new_tokens; with it, a node too deep hangs from the root instead."""
+    asks for, so drafts run past max_new_tokens; with it, a chain stops at that depth and a deeper tree node hangs
+    from the root instead."""
     threshold = 0.0
 
     def __init__(self, data, references: list[list[int]], end_ids: tuple[int, ...], obey_depth: bool,
