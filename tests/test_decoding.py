@@ -289,6 +289,16 @@ def test_target_gate_drafts_only_after_confident_steps(tiny, prompt):
                  SelfDrafter(tiny, make_skip_set([1], [], 6), DraftExit(3)))
 
 
+def test_a_drafting_strategy_takes_draft_target_gate_and_plain_ignores_it(tiny, prompt):
+    closed = replace(default_settings().draft, policy="fixed", target_gate=1.0)
+    skip = make_skip_set([1], [2], 6)
+    gated, plain = (make_strategy(name, tiny, GenerationOptions(GREEDY), skip=skip, draft=closed)
+                    for name in ("self_spec", "plain"))
+    assert gated.options.target_gate == 1.0 and plain.options.target_gate is None
+    result = gated.generate(prompt)
+    assert result.drafted == 0 and result.gated_steps == len(result.steps) > 0
+
+
 def test_empty_prompt_is_rejected(tiny):
     with pytest.raises(SelfspecError, match="empty prompt"):
         generate(tiny, [], GenerationOptions(GREEDY))

@@ -125,7 +125,7 @@ class SelfSpeculativeDecoder:
         self._make = partial(make_strategy, strategy, model, skip=skip_set, draft=draft, draft_model=draft_model,
                              draft_vocabulary=vocabulary(vocab) if vocab else None, kangaroo=kangaroo,
                              searched=searched_draft, costs=cost_meter(model, draft))  # greedy and sampled share costs
-        self._options = GenerationOptions(DEFAULT_SAMPLING, self.end_ids, target_gate=draft.target_gate)
+        self._options = GenerationOptions(DEFAULT_SAMPLING, self.end_ids)
         self._strategies: dict[bool, Strategy] = {}
         self.strategy(DEFAULT_SAMPLING)  # a bad combination fails here, not at the first request
 

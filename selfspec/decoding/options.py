@@ -16,4 +16,5 @@ class GenerationOptions:
     generator: torch.Generator | None = None  # sampling's random numbers; None: torch's global generator
     rules: TextRules | None = None  # banned words and stop strings (decoding/text_rules.py)
     top_logprobs: int | None = None  # log-probabilities of emitted tokens, with this many alternatives; None: off
-    target_gate: float | None = None  # no draft after a token the full model gave probability <= this; None: off
+    target_gate: float | None = None  # no draft after a token the full model gave probability <= this (make_strategy:
+    # draft.target_gate); None: off

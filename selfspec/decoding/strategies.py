@@ -18,8 +18,8 @@ from selfspec.decoding.drafters import (Drafter, feature_head, hybrid, layer_ski
 from selfspec.decoding.drafters import kangaroo as kangaroo_drafter
 from selfspec.decoding.hf_baselines import HFStrategy
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
-from selfspec.decoding.results import Emitted, GenerationResult
 from selfspec.decoding.options import GenerationOptions
+from selfspec.decoding.results import Emitted, GenerationResult
 from selfspec.decoding.speculative import decode_steps, generate
 from selfspec.errors import SelfspecError
 from selfspec.models.draft_vocabulary import DraftVocabulary
@@ -95,7 +95,8 @@ def make_strategy(name: str, model, options: GenerationOptions, *, skip: SkipSet
     if spec.hf_baseline:
         return spec.build(inputs)
     drafter = spec.build(inputs)
-    return Strategy(name, model, options, drafter, lambda rows: spec.build(inputs.for_batch(rows)))
+    gated = replace(options, target_gate=draft.target_gate if drafter is not None else None)
+    return Strategy(name, model, gated, drafter, lambda rows: spec.build(inputs.for_batch(rows)))
 
 
 def cost_meter(model, draft: DraftSettings) -> CostMeter:

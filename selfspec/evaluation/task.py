@@ -65,7 +65,7 @@ def run(settings: RunSettings, out_dir: Path) -> dict:
     costs = cost_meter(loaded.model, settings.draft)  # measured on first use, shared by the strategies
     rules = text_rules(loaded.model, loaded.tokenizer, settings.constraints.banned_words,
                        settings.constraints.case_sensitive, sampling.stop)
-    options = GenerationOptions(sampling, loaded.end_ids, rules=rules, target_gate=settings.draft.target_gate)
+    options = GenerationOptions(sampling, loaded.end_ids, rules=rules)
     strategies = [make_strategy(name, loaded.model, options, skip=skip, draft=settings.draft, draft_model=draft_model,
                                 draft_vocabulary=vocabularies(vocab_size), hf=settings.hf, kangaroo=settings.kangaroo,
                                 searched=searched, costs=costs)
