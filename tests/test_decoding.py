@@ -184,6 +184,24 @@ def test_the_loop_tells_the_drafter_what_each_verify_took(tiny, prompt):
     assert max(tokens for tokens, _ in observed) == 4
 
 
+def test_a_drafter_that_observes_verifications_sees_every_steps_scores_and_path(tiny, prompt):
+    """observe_verification: told every step, drafted or not; the scores' rows follow the draft, and greedy, the
+    accepted path's last row argmax is the full model's own next token."""
+    seen = []
+
+    class Observing(SelfDrafter):
+        def observe_verification(self, verification):
+            seen.append(verification)
+
+    result = generate(tiny, prompt, GenerationOptions(GREEDY),
+                      Observing(tiny, make_skip_set([1], [2], 6), ThresholdExit(3, 0.0)))
+    assert len(seen) == len(result.steps)
+    for verification, step in zip(seen, result.steps):
+        assert verification.target.shape[0] == 1 + len(verification.draft.tokens) == 1 + step.drafted
+        assert verification.path == list(range(step.accepted))
+        assert int(verification.target[len(verification.path)].argmax()) == verification.next_token
+
+
 def test_a_cost_aware_drafter_that_does_not_pay_drafts_only_on_probes(tiny, prompt):
     """Wide verifies three times a plain step's cost: drafting would pay only at acceptances near 1, so the policy
     drafts on its probes alone; and a draft token dearer than 10 plain steps is never even probed."""

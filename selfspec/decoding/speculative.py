@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from selfspec.decoding.drafters import Draft, Drafter, DraftForward, GenerationContext, cut_at_end
-from selfspec.decoding.drafters.base import value_of
+from selfspec.decoding.drafters.base import Verification, value_of
 from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.prompt_ids import single_prompt
 from selfspec.decoding.results import Emitted, GenerationResult, StepRecord, TokenLogprob
@@ -203,6 +203,8 @@ def accept(model, context: GenerationContext, tokens: list[int], proposal: Propo
                       tree_depth=depth if is_tree else 0)
     if draft.tokens:
         drafter.update(depth, len(path), path if is_tree else None, draft.source)
+    if (observe := getattr(drafter, "observe_verification", None)) is not None:
+        observe(Verification(proposal.last, draft, path, target, next_token))
     return Emitted(new, step, token_logprobs(context, target, new, rows[:len(new)]))
 
 

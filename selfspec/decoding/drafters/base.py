@@ -2,6 +2,8 @@
 returns, and the chain drafter: one token at a time from a `TokenSource` under a draft-exit policy.
 
 The decoding loop (decoding/speculative.py) calls `begin` once per generation, then per step `draft` and `update`.
+A drafter that learns from the full model's scores (Token Recycling, Lookahead) also offers
+`observe_verification(verification)`, told every step's `Verification`, drafted or not.
 A drafter may also offer `batch_draft(tokens, max_tokens)`, its draft as a generator of `DraftForward`s, so a batch
 (decoding/batch.py) runs its rows' draft forwards together (the layer-skip chain); without it, a row drafts alone.
 """
@@ -50,6 +52,16 @@ class Draft:
     source: str = "model"  # "model" (a model's own draft), "ngram" (copied from the context) or "store"
     parents: list[int] | None = None  # a token tree (decoding/tree.py): per token its parent's index, -1 the last
     # context token, parents before children; probs[i] is the q token i was drawn from. None: a chain
+
+
+@dataclass
+class Verification:
+    """One verification as the full model saw it: the proposal's draft, the accepted path and the scores."""
+    last: int  # the context's last token, at the root of the draft
+    draft: Draft
+    path: list[int]  # the accepted draft tokens' indices, root first (a chain's: 0, 1, ...)
+    target: torch.Tensor  # (1 + drafted, vocab) scores: row 0 after the context, row i + 1 after draft token i
+    next_token: int  # the full model's own token after the accepted path
 
 
 @dataclass
