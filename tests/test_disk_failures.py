@@ -225,3 +225,16 @@ def test_a_server_whose_run_folder_is_read_only_stops_in_one_line_before_loading
     monkeypatch.setattr(run_dir.os, "access", lambda path, mode: False)
     with pytest.raises(SelfspecError, match=rf"output directory {tmp_path} is not writable"):
         serve.serve(served, tmp_path)
+
+
+def test_a_load_test_summary_the_disk_cannot_hold_keeps_the_earlier_one(tmp_path, monkeypatch):
+    from selfspec.records.serve_load import LoadCell, read_cells, write_lines
+
+    path = tmp_path / "summary.jsonl"
+    cell = LoadCell(1, 4, 8, 256, 2.0, 128.0, 0.1, 0.2, 30.0, 40.0, 1.0)  # a cell of 8 requests
+    write_lines(path, [cell])
+    monkeypatch.setattr(run_dir.os, "write", disk_full)
+    with pytest.raises(SelfspecError, match=r"summary.jsonl: the disk is full; .*rerun make serve-bench"):
+        write_lines(path, [cell, cell])
+    monkeypatch.undo()
+    assert read_cells(path) == [cell] and sorted(p.name for p in tmp_path.iterdir()) == ["summary.jsonl"]
