@@ -175,7 +175,7 @@ def test_a_figure_the_disk_cannot_hold_leaves_no_half_file_and_one_line_naming_t
                                             rf"--out \(figures in {tmp_path / 'figures'} before are kept\)"):
         figures.save_figure(made["sampling"], tmp_path / "figures", "sampling")
     assert png.read_bytes() == earlier
-    assert sorted(p.name for p in (tmp_path / "figures").iterdir() if p.name.startswith("."))  == []
+    assert sorted(p.name for p in (tmp_path / "figures").iterdir() if p.name.startswith(".")) == []
 
     with pytest.raises(SystemExit) as exit_:
         figures.main(["--outputs", str(tmp_path / "outputs"), "--out", str(tmp_path / "figures")])

@@ -67,7 +67,7 @@ def _p50_p95(values: list[float]) -> tuple[float, float]:
 
 
 def write_lines(path: Path, rows: list) -> None:
-    """Dataclass rows as JSON lines, replacing the file whole (run_dir.write_file: a full disk keeps the earlier one)."""
+    """Dataclass rows as JSON lines, replacing the file whole (a full disk keeps the earlier one)."""
     write_file(path, "".join(json.dumps(dataclasses.asdict(row)) + "\n" for row in rows), RERUN_BENCH)
 
 

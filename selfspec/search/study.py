@@ -48,7 +48,8 @@ def _not_storage_failures(record: logging.LogRecord) -> bool:
     """False for Optuna's lines about a trial that failed on a full or read-only storage: its warning with the
     traceback, and the `failed with value None` after it (the objective never returns None)."""
     error = record.exc_info[1] if record.exc_info else None
-    return not ((error is not None and storage_trouble(error)) or record.getMessage().endswith("failed with value None."))
+    failed_on_storage = error is not None and storage_trouble(error) is not None
+    return not (failed_on_storage or record.getMessage().endswith("failed with value None."))
 
 
 def storage_spec(search: SearchSettings, out_dir: Path) -> str:
