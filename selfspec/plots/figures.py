@@ -6,10 +6,12 @@ an experiment without records is drawn from the shipped sample records, labelled
 """
 
 import argparse
+import sys
 from pathlib import Path
 
 from selfspec import plots
 from selfspec.errors import SelfspecError, print_warnings_as_lines
+from selfspec.records.run_dir import replacing
 from selfspec.records.runs import SAMPLE_RECORDS, latest, load_runs, load_search
 from selfspec.records.wandb_logger import start_run
 from selfspec.settings import LoggerSettings
@@ -81,12 +83,18 @@ FIGURE_GROUPS = {
 
 
 def save_figure(fig, out: str | Path, name: str) -> list[Path]:
-    """`name`.png and `name`.pdf in `out`."""
+    """`name`.png and `name`.pdf in `out`, each replaced whole: a full disk or a read-only folder leaves the
+    earlier file and no half one, and ends in one SelfspecError line naming the folder."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    rerun = f"rerun make figures, or choose another folder with --out (figures in {out} before are kept)"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise SelfspecError(f"cannot make the figure folder {out}: {err.strerror}; {rerun}") from None
     paths = [out / f"{name}.png", out / f"{name}.pdf"]
     for path in paths:
-        fig.savefig(path, dpi=plots.STYLE["savefig.dpi"])
+        with replacing(path, rerun) as temporary:
+            fig.savefig(temporary, dpi=plots.STYLE["savefig.dpi"])
     return paths
 
 
@@ -143,9 +151,15 @@ def main(argv: list[str] | None = None) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    figures = make_figures(args.outputs, args.out)
+    try:
+        figures = make_figures(args.outputs, args.out)
+    except SelfspecError as error:
+        print(f"selfspec: error: {str(error).splitlines()[0]}", file=sys.stderr)
+        sys.exit(2)
     if figures and args.wandb:
         run = start_run(LoggerSettings(kind="wandb", mode="offline"), Path(args.outputs), None, job_type="figures")
+        if run is None:  # start_run warned: the figures are on disk
+            return
         try:
             log_figures(run, figures)
         finally:

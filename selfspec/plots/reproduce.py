@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 
 from selfspec.errors import SelfspecError
+from selfspec.records.run_dir import write_file
 from selfspec.records.runs import EXPERIMENTS, REPOSITORY
 from selfspec.timing import clock
 
@@ -110,8 +111,9 @@ def reproduce(scale: str, outputs: Path, experiments: list[Experiment], run=subp
             raise SelfspecError(f"experiment {experiment.name} failed (exit {returncode}); what it wrote is in "
                                 f"{folder}; rerun to retry it (finished experiments are skipped)")
         seconds = clock() - start
-        (folder / MARKER).write_text(json.dumps({"scale": scale, "overrides": list(experiment.overrides),
-                                                 "seconds": round(seconds, 1)}, indent=2))
+        write_file(folder / MARKER, json.dumps({"scale": scale, "overrides": list(experiment.overrides),
+                                                "seconds": round(seconds, 1)}, indent=2),
+                   "rerun make reproduce (finished experiments are skipped)")
         log(f"{step}: done in {seconds:.0f} s -> {folder}")
         folders.append(folder)
     return folders

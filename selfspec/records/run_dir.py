@@ -12,7 +12,7 @@ import logging
 import os
 import time
 import warnings
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from selfspec.errors import SelfspecError, SelfspecWarning
@@ -22,6 +22,9 @@ SETTINGS_FILE = "settings.json"
 RUN_FILES = (RECORDS_FILE, "summary.json", "summary.md", SETTINGS_FILE, "model_answer")
 LOG_FILE = "selfspec.log"  # Hydra's job log (hydra.job.name, conf/config.yaml), open in this run's logging
 UNCHECKED_KEYS = ("resume", "spec_bench_answers", "logger", "launch")  # change neither what is decoded nor what is recorded
+RERUN = "rerun the same command with resume=true"  # the way out of a failed write, for a run's records
+FULL = (errno.ENOSPC, errno.EDQUOT)
+READ_ONLY = (errno.EROFS, errno.EACCES, errno.EPERM)
 
 
 def check_output_dir(path: Path) -> None:
@@ -37,14 +40,15 @@ def check_output_dir(path: Path) -> None:
                             f"choose another with hydra.run.dir=...")
 
 
-def append_line(path: Path, line: str) -> None:
+def append_line(path: Path, line: str, rerun: str = RERUN) -> None:
     """Append `line` and a newline in one os.write on an O_APPEND descriptor, synced to disk: a kill leaves whole
-    lines only. A failed or short write (disk full) is cut off again and raises one SelfspecError line."""
+    lines only. A failed or short write (disk full) is cut off again and raises one SelfspecError line that ends
+    in `rerun`, the way to complete the work."""
     data = (line + "\n").encode()
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     except OSError as err:
-        raise _write_error(path, err) from None
+        raise _write_error(path, err, rerun) from None
     try:
         size = os.fstat(fd).st_size
         try:
@@ -54,35 +58,60 @@ def append_line(path: Path, line: str) -> None:
         except OSError as err:
             with suppress(OSError):
                 os.ftruncate(fd, size)
-            raise _write_error(path, err) from None
+            raise _write_error(path, err, rerun) from None
     finally:
         os.close(fd)
 
 
-def write_file(path: Path, text: str) -> None:
+def write_file(path: Path, text: str, rerun: str = RERUN) -> None:
     """Write `text` to a temporary file beside `path`, then rename it over `path`: a failure (disk full) leaves the
     earlier file as it was and raises one SelfspecError line."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    try:
+    with replacing(path, rerun) as temporary:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             data = memoryview(text.encode())
             while data:
                 data = data[os.write(fd, data):]
-            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@contextmanager
+def replacing(path: Path, rerun: str = RERUN):
+    """Yield a temporary path beside `path` (same suffix, so writers that go by it still can) for the caller to
+    write; then sync it and rename it over `path`. An OSError (disk full, read-only folder) leaves the earlier file
+    as it was, no temporary, and raises one SelfspecError line that ends in `rerun`."""
+    path = Path(path)
+    temporary = path.with_name(f".{path.stem}.tmp{path.suffix}")
+    try:
+        yield temporary
+        fd = os.open(temporary, os.O_RDONLY)
+        try:
+            os.fsync(fd)  # the data is on disk before the name points at it
         finally:
             os.close(fd)
         os.replace(temporary, path)
     except OSError as err:
+        raise _write_error(path, err, rerun) from None
+    finally:
         with suppress(OSError):
-            temporary.unlink()
-        raise _write_error(path, err) from None
+            temporary.unlink(missing_ok=True)
 
 
-def _write_error(path: Path, err: OSError) -> SelfspecError:
-    why = "the disk is full" if err.errno == errno.ENOSPC else err.strerror or str(err)
-    return SelfspecError(f"cannot write {path}: {why}; what was written before is kept "
-                         f"(free space, then rerun the same command with resume=true)")
+def disk_trouble(err: OSError) -> str | None:
+    """What a full disk or a read-only place did (`the disk is full`, `...: read-only`); None for other errors."""
+    if err.errno in FULL:
+        return "the disk is full"
+    if err.errno in READ_ONLY:
+        return f"{err.strerror or os.strerror(err.errno)} (read-only)"
+    return None
+
+
+def _write_error(path: Path, err: OSError, rerun: str = RERUN) -> SelfspecError:
+    why = disk_trouble(err) or err.strerror or str(err)
+    fix = "free space" if err.errno in FULL else f"make {Path(path).parent} writable" if err.errno in READ_ONLY else \
+        "fix that"
+    return SelfspecError(f"cannot write {path}: {why}; what was written before is kept ({fix}, then {rerun})")
 
 
 def is_torn(text: str) -> bool:
@@ -120,7 +149,7 @@ def open_run_dir(out_dir: Path, settings: dict, resume: bool) -> bool:
         if differing:
             raise SelfspecError(f"resume=true: {records} was written with other settings: {'; '.join(differing)}; rerun "
                                 f"with those, or without resume=true to start afresh (the earlier files are kept)")
-        _drop_torn_tail(records)
+        drop_torn_tail(records)
         return True
     move_aside(out_dir)
     write_file(out_dir / SETTINGS_FILE, json.dumps(settings, indent=2))
@@ -177,7 +206,7 @@ def _reopen_log(path: Path) -> None:
                 held.close()
 
 
-def _drop_torn_tail(path: Path) -> None:
+def drop_torn_tail(path: Path) -> None:
     """Cut a torn last line (see is_torn) off `path` before appending to it, with a warning; a last line that is
     whole JSON but lacks its newline gets one."""
     text = path.read_text()

@@ -9,6 +9,9 @@ from pathlib import Path
 import numpy as np
 
 from selfspec.errors import SelfspecError
+from selfspec.records.run_dir import write_file
+
+RERUN_BENCH = "rerun make serve-bench, or give another --out"
 
 
 @dataclass
@@ -64,8 +67,8 @@ def _p50_p95(values: list[float]) -> tuple[float, float]:
 
 
 def write_lines(path: Path, rows: list) -> None:
-    """Dataclass rows as JSON lines."""
-    path.write_text("".join(json.dumps(dataclasses.asdict(row)) + "\n" for row in rows))
+    """Dataclass rows as JSON lines, replacing the file whole (a full disk keeps the earlier one)."""
+    write_file(path, "".join(json.dumps(dataclasses.asdict(row)) + "\n" for row in rows), RERUN_BENCH)
 
 
 def read_cells(path: Path) -> list[LoadCell]:

@@ -5,9 +5,12 @@ Offline by default (no network; `wandb sync <dir>/wandb/offline-run-*` uploads l
 """
 
 import re
+import warnings
 from pathlib import Path
 
+from selfspec.errors import SelfspecError, SelfspecWarning
 from selfspec.records.prompt_records import PromptRecord
+from selfspec.records.run_dir import check_output_dir
 from selfspec.settings import LoggerSettings
 
 
@@ -19,7 +22,20 @@ def start_run(logger: LoggerSettings, out_dir: Path, config: dict | None = None,
     import wandb
 
     init = {"name": logger.name, "group": logger.group, **init}
-    return wandb.init(project=logger.project, mode=logger.mode, dir=str(out_dir), config=config, **init)
+    try:
+        check_output_dir(Path(out_dir) / "wandb")  # else wandb quietly writes to a temporary folder instead
+        return wandb.init(project=logger.project, mode=logger.mode, dir=str(out_dir), config=config, **init)
+    except (OSError, SelfspecError, wandb.Error) as err:  # the records are the source of truth: go on without W&B
+        warnings.warn(f"W&B is off for this run: its files in {Path(out_dir) / 'wandb'} cannot be written "
+                      f"({_reason(err)}); the records are written "
+                      f"as usual (free space or make the folder writable to log to W&B again)", SelfspecWarning)
+        return None
+
+
+def _reason(err: Exception) -> str:
+    if isinstance(err, OSError) and err.strerror:
+        return err.strerror
+    return (str(err).strip().splitlines() or [type(err).__name__])[0]
 
 
 def log_files(run, name: str, kind: str, paths: list[Path], metadata: dict | None = None) -> None:

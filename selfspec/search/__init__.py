@@ -35,8 +35,9 @@ from selfspec.models.layouts import num_layers
 from selfspec.models.skip_config import resolve_skip, write_skip_file
 from selfspec.search.objective import TrialObjective, choose_best
 from selfspec.search.space import Candidate, SearchSpace, make_candidate, search_space, seed_candidates
-from selfspec.search.study import (FINISHED, fail_dead_trials, make_pruner, make_sampler, open_storage, open_study,
-                                   quiet_optuna)
+from selfspec.records.run_dir import replacing
+from selfspec.search.study import (FINISHED, RESUME, fail_dead_trials, make_pruner, make_sampler, open_storage,
+                                   open_study, quiet_optuna, storage_spec, storage_writes)
 from selfspec.search.trial_log import TrialLog, run_trials
 from selfspec.settings import DataSettings, RunSettings, SearchSettings, SkipSet, SkipSettings
 
@@ -50,7 +51,7 @@ def search_skip_set(settings: RunSettings, loaded: LoadedModel, out_dir: Path) -
     prompts = search_prompts(search.data, settings.data)
     prompt_ids = [encode_prompt(loaded.tokenizer, p) for p in prompts]
     study_name = search.study_name or f"{loaded.name}-{search.objective}"
-    with quiet_optuna():
+    with quiet_optuna(), storage_writes(storage_spec(search, out_dir)):
         storage, storage_text = open_storage(search, out_dir)
         study = open_study(storage, storage_text, study_name, search.objective, loaded.name, layers,
                            make_pruner(search.objective, search.prune_p))
@@ -126,7 +127,8 @@ def write_best(best: FrozenTrial, out_dir: Path, model: str, layers: int, prompt
                **best.user_attrs.get("metrics", {}), "search_prompts": [p.question_id for p in prompts],
                "search_max_new_tokens": max_new_tokens}
     path = out_dir / "best_skip.yaml"
-    write_skip_file(path, candidate.skip, layers, model, metrics, candidate.vocab_size)
+    with replacing(path, RESUME) as temporary:  # a full disk leaves the earlier best_skip.yaml whole
+        write_skip_file(temporary, candidate.skip, layers, model, metrics, candidate.vocab_size)
     shown = ", ".join(f"{key}={metrics[key]:.4g}" for key in ("tokens_per_s", "mean_accepted_tokens",
                                                                "skipped_fraction", "expected_speedup",
                                                                "modelled_speedup")

@@ -10,9 +10,10 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 from tqdm import tqdm
 
+from selfspec.records.run_dir import append_line
 from selfspec.records.wandb_logger import log_files, start_run
 from selfspec.search.objective import TrialObjective, choose_best
-from selfspec.search.study import FINISHED
+from selfspec.search.study import FINISHED, RESUME
 from selfspec.settings import RunSettings
 
 
@@ -67,8 +68,7 @@ class TrialLog:
                "metrics": trial.user_attrs.get("metrics"), "pruned": trial.user_attrs.get("pruned"),
                "duplicate_of": trial.user_attrs.get("duplicate_of"), "worker": trial.user_attrs.get("worker"),
                "duration_s": trial.duration.total_seconds() if trial.duration else None}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        append_line(self.path, json.dumps(row), RESUME)  # whole lines: a full disk keeps the earlier ones
         if self.run is not None:
             self._log_wandb(study, trial)
 

@@ -7,6 +7,7 @@ import warnings
 from pathlib import Path
 
 from selfspec.errors import SelfspecError, SelfspecWarning
+from selfspec.records.run_dir import check_output_dir
 from selfspec.settings import RunSettings, ServeSettings
 
 
@@ -27,6 +28,8 @@ def serve(settings: RunSettings, out_dir: Path) -> None:
         raise SelfspecError(f"serve.strategy={settings.serve.strategy!r} is not allowed; "
                             f"allowed: {', '.join(STRATEGIES)}")
     warn_if_open(settings.serve)
+    # Before the model loads: a server whose run folder (its log) is read-only fails at once, not after a request.
+    check_output_dir(out_dir)
     loaded = load_model(settings.model)
     draft_model = load_model(settings.draft_model).model if settings.draft_model else None
     name = settings.serve.strategy

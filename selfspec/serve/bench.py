@@ -30,7 +30,8 @@ import httpx
 import selfspec
 from selfspec.data.prompt_sets import load_prompts
 from selfspec.errors import SelfspecError
-from selfspec.records.serve_load import LoadCell, LoadRequest, load_cell, write_lines
+from selfspec.records.run_dir import replacing
+from selfspec.records.serve_load import RERUN_BENCH, LoadCell, LoadRequest, load_cell, write_lines
 from selfspec.timing import clock
 
 CHECKOUT = Path(selfspec.__file__).resolve().parents[1]  # where `python -m selfspec` imports this selfspec from
@@ -168,7 +169,8 @@ def save_figure(cells: list[LoadCell], model: str, path: Path) -> None:
     matplotlib.use("Agg")
     from selfspec.plots import STYLE, plot_serve_load
 
-    plot_serve_load(cells, model=model, date=time.strftime("%Y-%m-%d")).savefig(path, dpi=STYLE["savefig.dpi"])
+    with replacing(path, RERUN_BENCH) as temporary:  # no half figure on a full disk
+        plot_serve_load(cells, model=model, date=time.strftime("%Y-%m-%d")).savefig(temporary, dpi=STYLE["savefig.dpi"])
 
 
 def positive(text: str) -> int:
