@@ -75,9 +75,9 @@ def remove_leftovers(folder: Path) -> None:
             os.close(descriptor)
 
 
-def replace(path: Path, write: Callable[[BinaryIO], None]) -> str:
+def replace(path: Path, write: Callable[[BinaryIO], None], before_rename: Callable[[], None] = lambda: None) -> str:
     """Write `path` whole or not at all: `write(handle)` into a locked temporary file beside it, flushed to disk,
-    renamed over `path`. Returns its sha256. A failure leaves the earlier file as it was."""
+    renamed over `path` (after `before_rename()`). Returns its sha256. A failure leaves the earlier file as it was."""
     path.parent.mkdir(parents=True, exist_ok=True)
     remove_leftovers(path.parent)
     temporary, descriptor = locked_temporary(path)
@@ -87,6 +87,7 @@ def replace(path: Path, write: Callable[[BinaryIO], None]) -> str:
             handle.flush()
             os.fsync(handle.fileno())
         digest = file_sha256(temporary)
+        before_rename()
         os.replace(temporary, path)
         return digest
     finally:
@@ -99,10 +100,9 @@ def sums_file(path: Path) -> Path:
 
 
 def write_checked(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """`replace`, then its sha256 beside it (`<name>.sha256`). The old checksum goes first: a process killed in
-    between leaves a file without one, never one with a wrong one."""
-    sums_file(path).unlink(missing_ok=True)
-    digest = replace(path, write)
+    """`replace`, then its sha256 beside it (`<name>.sha256`). The old checksum goes just before the rename: a
+    process killed in between leaves a file without one, never one with a wrong one."""
+    digest = replace(path, write, before_rename=lambda: sums_file(path).unlink(missing_ok=True))
     replace(sums_file(path), lambda handle: handle.write(f"{digest}  {path.name}\n".encode()))
 
 
