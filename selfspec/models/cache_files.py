@@ -45,7 +45,10 @@ def locked_temporary(path: Path, folder: bool = False) -> tuple[Path, int]:
             made, name = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
             os.close(made)
             temporary = Path(name)
-        descriptor = os.open(temporary, os.O_RDONLY)
+        try:
+            descriptor = os.open(temporary, os.O_RDONLY)
+        except FileNotFoundError:
+            continue
         fcntl.flock(descriptor, fcntl.LOCK_EX)
         if temporary.exists() and temporary.stat().st_ino == os.fstat(descriptor).st_ino:
             return temporary, descriptor
