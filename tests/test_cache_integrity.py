@@ -28,8 +28,8 @@ from selfspec.training.train_draft import resume
 from helpers import cfg, write_gguf
 
 TESTS = Path(__file__).parent
-# A process converting a GGUF that says it is ready (`written`.ready), waits for `go` to start and pauses `pause` s after the weights are written (the
-# tokenizer not yet), then prints the digest of the weights it loads from the folder it gets.
+# A process converting a GGUF that says it is ready (`written`.ready), waits for `go` to start, pauses `pause` s once
+# the weights are written (the tokenizer not yet), then prints the digest of the weights it loads from its folder.
 CONVERTER = """
 import sys, time
 from pathlib import Path
@@ -97,7 +97,8 @@ def test_a_killed_writer_leaves_the_earlier_file_whole_and_the_next_write_remove
     path, written = tmp_path / "part.pt", tmp_path / "written"
     save_checked({"weights": torch.arange(5.0)}, path)
     script = ("import sys, time; from pathlib import Path; from selfspec.models.cache_files import write_checked\n"
-              "def write(handle):\n    handle.write(b'half'); handle.flush(); Path(sys.argv[2]).touch(); time.sleep(60)\n"
+              "def write(handle):\n"
+              "    handle.write(b'half'); handle.flush(); Path(sys.argv[2]).touch(); time.sleep(60)\n"
               "write_checked(Path(sys.argv[1]), write)")
     writer = subprocess.Popen([sys.executable, "-c", script, str(path), str(written)],
                               env={**os.environ, "PYTHONPATH": str(TESTS.parent)})
