@@ -14,11 +14,12 @@ from selfspec.decoding.speculative import generate
 from selfspec.errors import SelfspecError
 from selfspec.models import trained_parts
 from selfspec.models.cache import RewindableCache
+from selfspec.models.cache_files import file_sha256
 from selfspec.models.feature_head import (inner_states, load_feature_head, loaded_feature_head, new_feature_head,
                                          save_feature_head)
 from selfspec.models.grouped_attention import use_grouped_attention
 from selfspec.models.tiny import tiny_model
-from selfspec.models.trained_parts import sha256, ship_part
+from selfspec.models.trained_parts import ship_part
 from selfspec.settings import default_settings
 
 from helpers import chi_square_pvalue, exact_pair_distribution
@@ -157,7 +158,7 @@ def test_a_shipped_head_is_found_by_its_model_and_checked_against_its_sha256(tin
     ship_part(tmp_path / "head.pt", "tiny-feature", tmp_path)
     info = json.loads((tmp_path / "tiny-feature.json").read_text())
     assert info["model"] == trained_parts.model_signature(tiny) and info["epoch"] == 3 and info["made_by"]
-    assert info["sha256"] == sha256(tmp_path / "tiny-feature.pt")
+    assert info["sha256"] == file_sha256(tmp_path / "tiny-feature.pt")
     loaded = load_feature_head("shipped", tiny)
     assert torch.equal(loaded.fuse.weight, head.fuse.weight.half().to(tiny.dtype))  # shipped in float16
     assert not torch.equal(loaded.fuse.weight, head.fuse.weight)

@@ -74,13 +74,13 @@ def test_conversion_is_atomic_and_runs_once(fake_gguf, tmp_path, monkeypatch, ca
         m.setattr(type(byte_tokenizer()), "save_pretrained", killed)
         with pytest.raises(KeyboardInterrupt):
             load_model(cfg("smollm2", cache_dir=str(tmp_path)))
-    assert list(tmp_path.iterdir()) == []  # no half cache, no staging left behind
+    assert [p.name for p in tmp_path.iterdir()] == [".smollm2.lock"]  # no half cache, no staging left behind
 
     load_model(cfg("smollm2", cache_dir=str(tmp_path)))
     assert "converting the smollm2 GGUF" in capsys.readouterr().err
     lm = load_model(cfg("smollm2", cache_dir=str(tmp_path)))
     assert "converting" not in capsys.readouterr().err
-    assert len(lm.model.model.layers) == 2 and [p.name for p in tmp_path.iterdir()] == ["smollm2"]
+    assert len(lm.model.model.layers) == 2 and sorted(p.name for p in tmp_path.iterdir()) == [".smollm2.lock", "smollm2"]
 
 
 @pytest.fixture(scope="module")

@@ -4,17 +4,16 @@ its config before any weight is read.
 
 GGUF files are slow to dequantise, so the first load converts them once to safetensors under
 `<cache_dir>/<source>/` (a user's file: `<cache_dir>/gguf-<name>-<hash of path, size, time>/`); later loads read that
-folder. A hub id not in the cache (or cached without its weights: a download cut off) is downloaded by huggingface_hub
-(its progress bar, the user's token for gated models) after saying how big it is, unless HF_HUB_OFFLINE is set; every
-failure to reach or read the hub ends in one line with the way out (_hub_failure).
+folder once its checksums match, and convert again where they do not (models/cache_files.py: one process converts,
+another waits for it). A hub id not in the cache (or cached without its weights: a download cut off) is downloaded
+by huggingface_hub (its progress bar, the user's token for gated models) after saying how big it is, unless
+HF_HUB_OFFLINE is set; every failure to reach or read the hub ends in one line with the way out (_hub_failure).
 """
 
 import hashlib
 import importlib.util
 import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import httpx2
@@ -28,6 +27,7 @@ from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 from transformers.utils import cached_file
 
 from selfspec.errors import SelfspecError
+from selfspec.models.cache_files import cached_folder
 from selfspec.models.layouts import LAYOUTS, registered
 from selfspec.settings import ModelSettings
 
@@ -187,16 +187,12 @@ def _gguf_cache_name(file: Path) -> str:
 
 
 def _cached_gguf(name: str, target: Path, locate) -> Path:
-    """The safetensors folder `target` of the GGUF model `name`, converting it on first use; `locate(staging)` gives
-    the GGUF's (folder, file name) (Gemma-3's is assembled into `staging` first)."""
-    if target.is_dir():  # only ever created by the rename below, so it is complete
-        return target
-    print(f"selfspec: converting the {name} GGUF to safetensors once, into {target} (takes up to a minute)",
-          file=sys.stderr)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    # Stage next to the target (same filesystem, so the rename is atomic); a killed run leaves only a .tmp dir.
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
+    """The safetensors folder `target` of the GGUF model `name`, converted on first use and again where it is
+    damaged (models/cache_files.py); `locate(staging)` gives the GGUF's (folder, file name) (Gemma-3's is assembled
+    into `staging` first)."""
+    def convert(staging: Path) -> Path:
+        print(f"selfspec: converting the {name} GGUF to safetensors once, into {target} (takes up to a minute)",
+              file=sys.stderr)
         folder, gguf_file = locate(staging)
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
@@ -206,14 +202,9 @@ def _cached_gguf(name: str, target: Path, locate) -> Path:
             del model.config.quantization_config
         model.save_pretrained(staging / "out")
         tokenizer.save_pretrained(staging / "out")
-        try:
-            (staging / "out").rename(target)
-        except OSError:  # another process finished first; its cache is as good as ours
-            if not target.is_dir():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+        return staging / "out"
+
+    return cached_folder(target, convert, f"the {name} GGUF's safetensors")
 
 
 def _gguf_location(source: str, staging: Path) -> tuple[str, str]:

@@ -16,7 +16,8 @@ from weakref import WeakKeyDictionary
 import numpy as np
 import torch
 
-from selfspec.models.trained_parts import SHIPPED, read_part, save_atomic, model_signature, shipped_path
+from selfspec.models.cache_files import save_checked
+from selfspec.models.trained_parts import SHIPPED, read_part, model_signature, shipped_path
 
 KIND = "store"
 TRAIN_HINT = "make one with python run.py experiment=train_draft (it writes store.pt beside head.pt)"
@@ -95,8 +96,8 @@ def output_vocab_size(model) -> int:
 
 def save_token_store(path, sequences: list[list[int]], model, **info) -> None:
     """Write the store of `sequences` (token ids each, as `model` wrote them)."""
-    save_atomic({"kind": KIND, "state_dict": {"tokens": torch.from_numpy(flatten(sequences)).int()},
-                 "model": model_signature(model), "sequences": len(sequences), **info}, Path(path))
+    save_checked({"kind": KIND, "state_dict": {"tokens": torch.from_numpy(flatten(sequences)).int()},
+                  "model": model_signature(model), "sequences": len(sequences), **info}, Path(path))
 
 
 def load_token_store(path, model, setting: str = "draft.store") -> TokenStore:

@@ -1,6 +1,6 @@
 """Trained draft parts (a Kangaroo adapter, a feature-level draft head): one decoder layer built from the model's own,
-and on disk: what model a part fits, written atomically, read back with one-line errors, and the heads that ship
-with the package.
+and on disk: what model a part fits, written whole with its sha256 beside it (models/cache_files.py), read back with
+one-line errors (a damaged file among them), and the heads that ship with the package.
 
 A file holds the part's state dict, its `kind`, the signature of the model it was trained for and what its trainer
 adds (epoch, losses, how it was made). A shipped head lies in selfspec/models/heads/ as `<name>.pt` with `<name>.json`
@@ -9,7 +9,6 @@ beside it: how it was made (command, data, commit) and the file's sha256, checke
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import copy
@@ -18,6 +17,7 @@ import torch
 from transformers import AutoModel
 
 from selfspec.errors import SelfspecError
+from selfspec.models.cache_files import file_sha256, refuse_damaged, replace, save_checked
 from selfspec.models.devices import loaded_weights
 from selfspec.models.layouts import decoder_layers, final_norm, layout_of, num_layers, require_trained_parts
 
@@ -57,20 +57,9 @@ def describe(signature: dict) -> str:
             f"vocab {signature['vocab_size']}, weights {signature['weights']}")
 
 
-def save_atomic(obj, path: Path) -> None:
-    """torch.save to a temporary file beside `path`, then rename: a killed process never leaves half a file."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 def save_part(path: Path, kind: str, module: torch.nn.Module, model, **info) -> None:
     """Write a trained part of `kind` for `model` (`info`: e.g. epoch, val_loss, exit_layer)."""
-    save_atomic({"kind": kind, "state_dict": module.state_dict(), "model": model_signature(model), **info}, path)
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    save_checked({"kind": kind, "state_dict": module.state_dict(), "model": model_signature(model), **info}, path)
 
 
 def ship_part(path: Path, name: str, shipped_dir: Path = SHIPPED_DIR) -> Path:
@@ -80,9 +69,9 @@ def ship_part(path: Path, name: str, shipped_dir: Path = SHIPPED_DIR) -> Path:
     saved = torch.load(path, map_location="cpu", weights_only=True)
     saved["state_dict"] = {k: v.half() if v.is_floating_point() else v for k, v in saved["state_dict"].items()}
     out = shipped_dir / f"{name}.pt"
-    save_atomic(saved, out)
-    info = {k: v for k, v in saved.items() if k != "state_dict"} | {"sha256": sha256(out)}
-    (shipped_dir / f"{name}.json").write_text(json.dumps(info, indent=1) + "\n")
+    digest = replace(out, lambda handle: torch.save(saved, handle))  # its sha256 goes into the .json
+    info = {k: v for k, v in saved.items() if k != "state_dict"} | {"sha256": digest}
+    replace(shipped_dir / f"{name}.json", lambda handle: handle.write((json.dumps(info, indent=1) + "\n").encode()))
     return out
 
 
@@ -94,7 +83,7 @@ def shipped_path(model, kind: str, setting: str) -> Path | None:
         info = json.loads(info_file.read_text())
         if info["kind"] == kind and info["model"] == signature:
             path = info_file.with_suffix(".pt")
-            if not path.is_file() or sha256(path) != info["sha256"]:
+            if not path.is_file() or file_sha256(path) != info["sha256"]:
                 raise SelfspecError(f"{setting}=shipped: {path} is missing or does not match its sha256 in "
                                     f"{info_file.name}; reinstall selfspec")
             return path
@@ -112,6 +101,7 @@ def read_part(path, model, kind: str, setting: str, train_hint: str) -> dict:
                             f"; {train_hint}")
     if not file.is_file():
         raise SelfspecError(f"{setting}={str(path)!r} does not exist; {train_hint}")
+    refuse_damaged(file, f"{setting}={str(path)!r}", f"{train_hint}, or copy it whole with its {file.name}.sha256")
     try:
         saved = torch.load(file, map_location="cpu", weights_only=True)  # load_state_dict moves it
         saved_kind, state, trained_for = saved.get("kind", "kangaroo"), saved["state_dict"], saved["model"]

@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 from selfspec.errors import SelfspecError, SelfspecWarning
+from selfspec.models.cache_files import refuse_damaged
 from selfspec.records.prompt_records import PromptRecord
 from selfspec.records.run_dir import check_output_dir
 from selfspec.settings import LoggerSettings
@@ -40,9 +41,12 @@ def _reason(err: Exception) -> str:
 
 def log_files(run, name: str, kind: str, paths: list[Path], metadata: dict | None = None) -> None:
     """Log final files as a version of the W&B artifact `name` (type `kind`): runs logging the same name add
-    versions v0, v1, ... Characters W&B refuses in a name become '-'."""
+    versions v0, v1, ... Characters W&B refuses in a name become '-'. A file written with its sha256 beside it
+    (models/cache_files.py) that no longer matches it is refused in one line before anything is logged."""
     import wandb
 
+    for path in paths:
+        refuse_damaged(Path(path), str(path), f"make it again before logging it as the W&B artifact {name}")
     artifact = wandb.Artifact(re.sub(r"[^\w.-]", "-", name), type=kind, metadata=metadata)
     for path in paths:
         artifact.add_file(str(path))  # copied to W&B's staging dir: a later resume changes no logged version

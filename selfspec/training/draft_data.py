@@ -1,5 +1,6 @@
 """Training data for a draft from the model itself: its own generations for training prompts, and the hidden states
-each draft learns from, in shards so that a killed run keeps what it made.
+each draft learns from, in shards so that a killed run keeps what it made: each written whole with its sha256 beside it,
+and made again after one warning line where it is damaged (models/cache_files.py).
 
 1. Sequences: per prompt `train.samples_per_prompt` continuations by transformers' own batched `generate` (left
    padding; prompts batched by length, as every prompt of a batch costs as much as its longest): the greedy one,
@@ -22,12 +23,12 @@ from tqdm import tqdm
 from selfspec.data.prompt_sets import Prompt, encode_prompt, load_prompts, split_prompts
 from selfspec.decoding.drafters.base import cut_at_end
 from selfspec.errors import SelfspecError
+from selfspec.models.cache_files import load_checked, save_checked
 from selfspec.models.devices import input_device
 from selfspec.models.feature_head import inner_states
 from selfspec.models.layouts import base_model
 from selfspec.models.loading import LoadedModel
 from selfspec.models.token_store import save_token_store
-from selfspec.models.trained_parts import save_atomic
 from selfspec.settings import TrainSettings
 from selfspec.timing import clock
 from selfspec.training.self_prompts import self_prompts
@@ -91,12 +92,12 @@ def generate_sequences(loaded: LoadedModel, prompts: list[Prompt], settings: Tra
         path = data_dir / f"tokens-{index:04d}.pt"
         key = {"prompts": batch, "samples": settings.samples_per_prompt, "temperature": settings.temperature,
                "max_new_tokens": settings.max_new_tokens, "seed": settings.seed + index}
-        saved = torch.load(path, weights_only=True) if path.exists() else None
+        saved = load_checked(path, "the training data shard")
         if saved is None or saved["key"] != key:
             torch.manual_seed(settings.seed + index)
             made = [continue_batch(loaded, batch, settings, sample=s > 0) for s in range(settings.samples_per_prompt)]
             saved = {"key": key, "sequences": [seq for rows in made for seq in rows]}
-            save_atomic(saved, path)
+            save_checked(saved, path)
         sequences += saved["sequences"]
         prompt_lengths += [len(prompt) for _ in range(settings.samples_per_prompt) for prompt in batch]  # as made
         bar.update(len(batch) * settings.samples_per_prompt * settings.max_new_tokens)
@@ -133,13 +134,13 @@ def sequence_states(model, sequences: list[list[int]], prompt_lengths: list[int]
     for start in tqdm(range(0, len(sequences), shard_size), desc="states", unit="shard"):
         shard = sequences[start:start + shard_size]
         path = data_dir / f"states-{layers}-{start // shard_size:04d}.pt"
-        saved = torch.load(path, weights_only=True) if path.exists() else None
+        saved = load_checked(path, "the training states shard")
         if saved is None or saved["sequences"] != shard:
             states = [forward_states(model, torch.tensor([seq], device=device), exit_layer, fused_layers)
                       for seq in shard]
             saved = {"sequences": shard, **{part: [half(state[i]) for state in states]
                                             for i, part in enumerate(("final", "shallow", "inner"))}}
-            save_atomic(saved, path)
+            save_checked(saved, path)
         inner = saved.get("inner", [None] * len(shard))  # a shard made without fused layers holds none
         for seq, prompt_length, *states in zip(shard, prompt_lengths[start:start + shard_size], saved["final"],
                                                saved["shallow"], inner):

@@ -14,9 +14,9 @@ from selfspec.data.formats import Prompt
 from selfspec.data.prompt_sets import as_token_ids
 from selfspec.decoding.drafters.base import cut_at_end
 from selfspec.errors import SelfspecError
+from selfspec.models.cache_files import load_checked, save_checked
 from selfspec.models.devices import input_device
 from selfspec.models.loading import LoadedModel
-from selfspec.models.trained_parts import save_atomic
 from selfspec.settings import TrainSettings
 
 QUERY_TOKENS = 64  # the longest user turn kept: a request, not a document
@@ -30,12 +30,12 @@ def self_prompts(loaded: LoadedModel, settings: TrainSettings, data_dir: Path) -
     path = data_dir / "self-prompts.pt"
     key = {"count": settings.self_prompts, "temperature": settings.temperature, "seed": settings.seed,
            "batch": settings.generate_batch}
-    saved = torch.load(path, weights_only=True) if path.exists() else None
+    saved = load_checked(path, "the self prompts file")
     if saved is None or saved["key"] != key:
         texts = write_user_turns(loaded, settings)
         data_dir.mkdir(parents=True, exist_ok=True)
         saved = {"key": key, "texts": texts}
-        save_atomic(saved, path)
+        save_checked(saved, path)
     kept = [text for text in saved["texts"] if text]
     print(f"self prompts: {len(kept)} of {settings.self_prompts} user turns ended within {QUERY_TOKENS} tokens")
     return [Prompt(f"self-{i}", "self", (text,), chat=True) for i, text in enumerate(kept)]

@@ -16,13 +16,13 @@ with `trained_draft.chain_steps` above 1 the feature head also learns from the c
 (chains.py, EAGLE-3's training-time test), every step's positions scored alike.
 AdamW on padded batches of sequences; a validation split by prompt (a prompt's sequences often open alike).
 
-After every epoch checkpoint.pt (part, optimizer, history) is written atomically and the best part so far by
-validation loss is saved (head.pt / adapter.pt), so a rerun into the same directory (or train.resume=<dir>) goes
-on; validation agreement with the full model's next token (at every position, and at the generated tokens alone:
-what drafting sees) and the tokens the head's greedy chains accept are printed per epoch and logged to W&B with the
-losses, and the final part is logged as a W&B artifact. Stops early after `train.max_minutes` (data included).
-The generations themselves are written before their states, as a token store to draft from (store.pt,
-models/token_store.py).
+After every epoch checkpoint.pt (part, optimizer, history) is written whole with its sha256 (models/cache_files.py;
+a damaged one starts training again after one warning line) and the best part so far by validation loss is saved
+(head.pt / adapter.pt), so a rerun into the same directory (or train.resume=<dir>) goes on; validation agreement
+with the full model's next token (at every position, and at the generated tokens alone: what drafting sees) and the
+tokens the head's greedy chains accept are printed per epoch and logged to W&B with the losses, and the final part
+is logged as a W&B artifact. Stops early after `train.max_minutes` (data included). The generations themselves are
+written before their states, as a token store to draft from (store.pt, models/token_store.py).
 """
 
 import random
@@ -37,12 +37,13 @@ from tqdm import tqdm
 
 from selfspec.data.prompt_sets import calibration_texts
 from selfspec.errors import SelfspecError
+from selfspec.models.cache_files import load_checked, save_checked
 from selfspec.models.draft_vocabulary import make_draft_vocabulary
 from selfspec.models.feature_head import check_fused_layers, new_feature_head, save_feature_head
 from selfspec.models.kangaroo_adapter import check_exit_layer, new_adapter, save_adapter
 from selfspec.models.loading import load_model
 from selfspec.models.layouts import num_layers
-from selfspec.models.trained_parts import model_signature, save_atomic
+from selfspec.models.trained_parts import model_signature
 from selfspec.records.wandb_logger import log_files, start_run
 from selfspec.settings import RunSettings
 from selfspec.timing import clock
@@ -200,10 +201,10 @@ def fit(part, model, splits: tuple[list, list], rows: tuple[torch.Tensor, torch.
         if row["val_loss"] < min(h["val_loss"] for h in history):
             save(part_path, row)
         history.append(row)
-        save_atomic({"state_dict": part.state_dict(), "optimizer": optimizer.state_dict(), "history": history,
-                     "kind": kind, "exit_layer": exit_layer, "fused_layers": list(getattr(part, "fused_layers", ())),
-                     "model": model_signature(model),
-                     "validation": validation}, checkpoint_path)
+        save_checked({"state_dict": part.state_dict(), "optimizer": optimizer.state_dict(), "history": history,
+                      "kind": kind, "exit_layer": exit_layer, "fused_layers": list(getattr(part, "fused_layers", ())),
+                      "model": model_signature(model),
+                      "validation": validation}, checkpoint_path)
         if wandb_run is not None:
             wandb_run.log(row)
         bar.write(f"epoch {epoch}: train loss {row['train_loss']:.4f}, {described(row)}")
@@ -221,10 +222,11 @@ def chains_accept(row: dict) -> str:
 
 
 def resume(path: Path, part, optimizer, model, kind: str, exit_layer: int | None, validation: str) -> list[dict]:
-    """Load the checkpoint into part and optimizer; return its history ([] when there is none)."""
-    if not path.exists():
+    """Load the checkpoint into part and optimizer; return its history ([] when there is none, or it is damaged:
+    training starts again)."""
+    saved = load_checked(path, "the training checkpoint")  # load_state_dict moves it to the part
+    if saved is None:
         return []
-    saved = torch.load(path, map_location="cpu", weights_only=True)  # load_state_dict moves it to the part
     if saved.get("kind") != kind or saved["exit_layer"] != exit_layer or saved["model"] != model_signature(model):
         raise SelfspecError(f"trained_draft={kind}: the checkpoint {path} was trained as {saved.get('kind')} "
                             f"(exit layer {saved['exit_layer']}) for {saved['model']['model_type']}; use another output directory")
