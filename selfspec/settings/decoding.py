@@ -140,12 +140,12 @@ class DraftSettings:
     tree_branch_below: float  # and the layer-skip draft branches where its top probability is below this
     head: Optional[str]  # a trained feature head (head.pt, or shipped): self_spec_head's, and hybrid's and trees' draft
     store: Optional[str] = None  # a token store (store.pt, or shipped): self_spec_tree's draft where nothing is copied
-    recycling_nodes: int = 10  # token_recycling: its tree template's nodes, levels and candidates kept per token
-    recycling_depth: int = 6
-    recycling_width: int = 8
-    lookahead_window: int = 4  # lookahead: W window columns, N-grams (N - 1 Jacobi levels), G pool n-grams verified
-    lookahead_ngram: int = 3
-    lookahead_candidates: int = 4
+    recycling_nodes: int  # token_recycling: its tree template's nodes, levels and candidates kept per token
+    recycling_depth: int
+    recycling_width: int
+    lookahead_window: int  # lookahead: W window columns, N-grams (N - 1 Jacobi levels), G pool n-grams verified
+    lookahead_ngram: int
+    lookahead_candidates: int
 
     def __post_init__(self):
         one_of("policy", self.policy, POLICIES)

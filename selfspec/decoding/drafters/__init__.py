@@ -6,7 +6,8 @@ feature_head.py) or the token store (`StoreSource`, layer_skip_tree.py; `StoreTr
 (`NgramDrafter`, ngram.py; `NgramTreeDrafter`, ngram_tree.py) share one n-gram matcher. `HybridDrafter` (hybrid.py)
 takes a copy where there is one, else a model draft; `ModelDrafter` (two_model.py) drafts with a separate model,
 `KangarooDrafter` (kangaroo.py) by double early exit. `TokenRecyclingDrafter` (token_recycling.py) and
-`LookaheadDrafter` (lookahead.py) draft trees from what the full model's verify forwards scored. Each module lists the strategies it implements (`STRATEGIES`).
+`LookaheadDrafter` (lookahead.py) draft trees from what the full model's verify forwards scored. Each module lists
+the strategies it implements (`STRATEGIES`).
 """
 
 from selfspec.decoding.drafters.base import (ChainDrafter, Draft, Drafter, DraftForward, ExitPolicyDrafter,
@@ -23,6 +24,6 @@ from selfspec.decoding.drafters.token_recycling import TokenRecyclingDrafter
 from selfspec.decoding.drafters.two_model import ModelDrafter
 
 __all__ = ["ChainDrafter", "Draft", "Drafter", "DraftForward", "ExitPolicyDrafter", "GenerationContext",
-           "HeadFeatures", "HybridDrafter", "KangarooDrafter", "LookaheadDrafter", "ModelDrafter", "NGRAM", "NgramDrafter",
-           "NgramTreeDrafter", "SelfDrafter", "SkippedModel", "StoreSource", "StoreTreeDrafter", "TokenRecyclingDrafter",
-           "TokenSource", "TreeDrafter", "cut_at_end", "ngram_matches"]
+           "HeadFeatures", "HybridDrafter", "KangarooDrafter", "LookaheadDrafter", "ModelDrafter", "NGRAM",
+           "NgramDrafter", "NgramTreeDrafter", "SelfDrafter", "SkippedModel", "StoreSource", "StoreTreeDrafter",
+           "TokenRecyclingDrafter", "TokenSource", "TreeDrafter", "cut_at_end", "ngram_matches"]
