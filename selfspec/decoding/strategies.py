@@ -13,8 +13,8 @@ import torch
 from selfspec.decoding import hf_baselines
 from selfspec.decoding.batch import decode_batch_steps, generate_batch
 from selfspec.decoding.costs import CostMeter
-from selfspec.decoding.drafters import (Drafter, feature_head, hybrid, layer_skip, layer_skip_tree, ngram, ngram_tree,
-                                       two_model)
+from selfspec.decoding.drafters import (Drafter, feature_head, hybrid, layer_skip, layer_skip_tree, lookahead, ngram,
+                                       ngram_tree, token_recycling, two_model)
 from selfspec.decoding.drafters import kangaroo as kangaroo_drafter
 from selfspec.decoding.hf_baselines import HFStrategy
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
@@ -31,7 +31,8 @@ PLAIN = StrategySpec("plain", "the full model alone, one token per forward: the 
 # every strategy by name, in the order listings show them; a module with new strategies joins here
 REGISTRY = {spec.name: spec for spec in (PLAIN, *layer_skip.STRATEGIES, *hybrid.STRATEGIES, *feature_head.STRATEGIES,
                                          *ngram.STRATEGIES, *two_model.STRATEGIES, *kangaroo_drafter.STRATEGIES,
-                                         *hf_baselines.STRATEGIES, *ngram_tree.STRATEGIES, *layer_skip_tree.STRATEGIES)}
+                                         *hf_baselines.STRATEGIES, *ngram_tree.STRATEGIES, *layer_skip_tree.STRATEGIES,
+                                         *token_recycling.STRATEGIES, *lookahead.STRATEGIES)}
 NAMES = tuple(REGISTRY)
 
 

@@ -140,6 +140,12 @@ class DraftSettings:
     tree_branch_below: float  # and the layer-skip draft branches where its top probability is below this
     head: Optional[str]  # a trained feature head (head.pt, or shipped): self_spec_head's, and hybrid's and trees' draft
     store: Optional[str] = None  # a token store (store.pt, or shipped): self_spec_tree's draft where nothing is copied
+    recycling_nodes: int  # token_recycling: its tree template's nodes, levels and candidates kept per token
+    recycling_depth: int
+    recycling_width: int
+    lookahead_window: int  # lookahead: W window columns, N-grams (N - 1 Jacobi levels), G pool n-grams verified
+    lookahead_ngram: int
+    lookahead_candidates: int
 
     def __post_init__(self):
         one_of("policy", self.policy, POLICIES)
@@ -152,9 +158,11 @@ class DraftSettings:
         at_least("ngram_size", self.ngram_size, 1)
         at_least("ngram_tokens", self.ngram_tokens, 1)
         at_least("min_best_speedup", self.min_best_speedup, 1.0)
-        for name in ("tree_nodes", "tree_depth", "tree_width"):
+        for name in ("tree_nodes", "tree_depth", "tree_width", "recycling_nodes", "recycling_depth", "recycling_width",
+                     "lookahead_window", "lookahead_candidates"):
             at_least(name, getattr(self, name), 1)
         in_unit("tree_branch_below", self.tree_branch_below)
+        at_least("lookahead_ngram", self.lookahead_ngram, 2)
 
     @property
     def adaptive_options(self) -> dict:
