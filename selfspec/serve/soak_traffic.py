@@ -63,8 +63,8 @@ def plan(rng: random.Random, model: str, serve: ServeSettings, prompts: list[str
     kind = rng.choices(list(KINDS), weights=list(KINDS.values()))[0]
     if kind == "bad":
         return bad_request(rng, model, serve)
-    chat = rng.random() < 0.5 if kind not in {"chat_stream", "chat_whole", "completion_stream",
-                                              "completion_whole"} else kind.startswith("chat")
+    chat = {"chat_stream": True, "chat_whole": True, "completion_stream": False,
+            "completion_whole": False}.get(kind, rng.random() < 0.5)
     text = rng.choice(prompts)[:300]
     if kind == "long_prompt":  # about 3/4 of serve.max_prompt_tokens for a byte tokenizer, a few hundred for BPE
         text = " ".join(prompts)[:serve.max_prompt_tokens * 3 // 4]
