@@ -24,7 +24,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import psutil
+import psutil  # installed with accelerate, a dependency
 
 from selfspec.api.decoder import SelfSpeculativeDecoder
 from selfspec.data.prompt_sets import load_prompts
