@@ -13,7 +13,7 @@ LIMIT ?= 3  # prompts per set: 21 over mix's 7 sets
 OUT ?=
 ARGS ?=
 
-.PHONY: help install run test test-fast bench search train-draft figures reproduce serve serve-bench clean
+.PHONY: help install run test test-fast bench search train-draft figures reproduce serve serve-bench soak clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -82,6 +82,12 @@ BENCH_MODEL := $(if $(filter command line,$(origin MODEL)),$(MODEL),tiny_llama)
 
 serve-bench: install  ## Load test: 1/4/8/16 streaming clients, serve.max_batch=1 vs 8 (MODEL=smollm2, OUT=, ARGS=)
 	$(PY) -m selfspec.serve.bench --model $(BENCH_MODEL) --out $(or $(OUT),outputs/serve_bench/$(BENCH_MODEL)) $(ARGS)
+
+DURATION ?= 150  # seconds of soak traffic
+
+soak: install  ## Soak test: 16 clients of mixed traffic, serve.max_batch=8, DURATION s; exits 1 naming a failed hold (MODEL=smollm2, OUT=)
+	$(PY) -m selfspec.serve.soak --model $(BENCH_MODEL) --duration $(DURATION) \
+		--out $(or $(OUT),outputs/soak/$(BENCH_MODEL)) $(ARGS)
 
 clean:  ## Remove the virtual environment
 	rm -rf $(VENV)

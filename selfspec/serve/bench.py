@@ -41,6 +41,13 @@ CHECKOUT = Path(selfspec.__file__).resolve().parents[1]  # where `python -m self
 def local_server(out_dir: Path, *overrides: str, startup_s: float = 600) -> Iterator[str]:
     """`python -m selfspec task=serve <overrides>` in a subprocess on a free loopback port, its output in
     out_dir/server.log; yields its base URL once /health answers, and stops it afterwards."""
+    with server_process(out_dir, *overrides, startup_s=startup_s) as (url, _):
+        yield url
+
+
+@contextmanager
+def server_process(out_dir: Path, *overrides: str, startup_s: float = 600) -> Iterator[tuple[str, subprocess.Popen]]:
+    """local_server's base URL and its process (whose memory serve/soak.py reads)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -61,7 +68,7 @@ def local_server(out_dir: Path, *overrides: str, startup_s: float = 600) -> Iter
                 if clock() > deadline:
                     raise SelfspecError(f"the server did not answer /health within {startup_s:.0f} s (log: {log_path})")
                 time.sleep(0.5)
-            yield url
+            yield url, process
         finally:
             process.terminate()
             process.wait(timeout=30)
