@@ -13,7 +13,7 @@ LIMIT ?= 3  # prompts per set: 21 over mix's 7 sets
 OUT ?=
 ARGS ?=
 
-.PHONY: help install run test test-fast bench search train-draft figures reproduce serve serve-bench clean
+.PHONY: help install run test test-fast bench search train-draft figures reproduce serve serve-bench gpu-check clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -82,6 +82,12 @@ BENCH_MODEL := $(if $(filter command line,$(origin MODEL)),$(MODEL),tiny_llama)
 
 serve-bench: install  ## Load test: 1/4/8/16 streaming clients, serve.max_batch=1 vs 8 (MODEL=smollm2, OUT=, ARGS=)
 	$(PY) -m selfspec.serve.bench --model $(BENCH_MODEL) --out $(or $(OUT),outputs/serve_bench/$(BENCH_MODEL)) $(ARGS)
+
+# A CUDA machine's own Python (GPU_PY=python3): `install` puts the CPU wheel of torch into .venv.
+GPU_PY ?= $(PY)
+
+gpu-check:  ## CUDA check, no network or weights (<8 min): every strategy lossless, c(q)/c(1) and d/c(1) per shape (ARGS=--quick --device cpu)
+	$(GPU_PY) -m selfspec.gpu_check --out $(or $(OUT),outputs/gpu_check) $(ARGS)
 
 clean:  ## Remove the virtual environment
 	rm -rf $(VENV)
