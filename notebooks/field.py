@@ -18,7 +18,7 @@
 # speedup per task type, mean accepted tokens, overall speedup and whether every greedy output equalled plain's.
 #
 # Records: `python run.py experiment=field` (all figures: `make figures`). Without them this notebook reads the
-# shipped sample (a SmolLM2 smoke run) in `notebooks/sample_records/`.
+# shipped sample in `notebooks/sample_records/`: a tiny random Llama's run, which shows the layout, not speedups.
 
 # %% tags=["parameters"]
 RECORDS = None  # a run folder; None: the latest outputs/experiments/field/*, else the sample
