@@ -13,7 +13,7 @@ LIMIT ?= 3  # prompts per set: 21 over mix's 7 sets
 OUT ?=
 ARGS ?=
 
-.PHONY: help install run test test-fast bench search train-draft figures reproduce serve serve-bench soak clean
+.PHONY: help install run test test-fast bench search train-draft figures reproduce serve serve-bench soak gpu-check clean
 
 help:  ## List the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-11s %s\n", $$1, $$2}'
@@ -88,6 +88,12 @@ DURATION ?= 150  # seconds of soak traffic
 soak: install  ## Soak test: 16 clients of mixed traffic, serve.max_batch=8, DURATION s; exits 1 naming a failed hold (MODEL=smollm2, OUT=)
 	$(PY) -m selfspec.serve.soak --model $(BENCH_MODEL) --duration $(DURATION) \
 		--out $(or $(OUT),outputs/soak/$(BENCH_MODEL)) $(ARGS)
+
+# A CUDA machine's own Python (GPU_PY=python3): `install` puts the CPU wheel of torch into .venv.
+GPU_PY ?= $(PY)
+
+gpu-check:  ## CUDA check, no network or weights (<8 min): every strategy lossless, c(q)/c(1) and d/c(1) per shape (ARGS=--quick --device cpu)
+	$(GPU_PY) -m selfspec.gpu_check --out $(or $(OUT),outputs/gpu_check) $(ARGS)
 
 clean:  ## Remove the virtual environment
 	rm -rf $(VENV)

@@ -35,6 +35,7 @@ TEST_RUNS = {
     "strategies": (False, {}),
     "sampling": (True, {}),
     "batch": (True, {"batch_size": "1,4", "data.limit": 1}),  # 7 prompts: batches of 4 and 3
+    "field": (False, {"data.limit": 1, "repeats": 1}),  # 7 prompts, one per set
 }
 KEPT_FILES = ("records.jsonl", ".hydra/config.yaml", "trials.jsonl", "best_skip.yaml")
 STEP_FIELDS = tuple(f.name for f in fields(RecordedStep))  # what the figures read of a verification step

@@ -190,6 +190,7 @@ FIGURES = {
     "strategies": ["strategies_speedup", "strategies_accepted"],
     "sampling": ["sampling"],
     "batch": ["batch_speedup", "batch_throughput"],
+    "field": ["field_speedup"],
 }
 
 

@@ -14,7 +14,7 @@ from selfspec.records.runs import latest  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 PLOTS = {"threshold_sweep": 1, "adaptive_trace": 2, "skip_ratio": 1, "search_history": 3, "strategies": 2,
-         "sampling": 1, "batch": 2}
+         "sampling": 1, "batch": 2, "field": 1}
 
 
 def with_records(notebook, path: Path):

@@ -61,15 +61,15 @@ def test_reproduce_skips_experiments_done_at_the_same_scale_and_retries_a_failed
         rep.reproduce("smoke", tmp_path, rep.plan("smoke"), run=broken, log=lines.append)
     assert [c[c.index("-m") + 1 if "-m" in c else 2] for c in broken.commands] == [
         "experiment=threshold_sweep", "experiment=adaptive_trace", "experiment=skip_ratio"]
-    assert lines[0].startswith("[1/7] threshold_sweep: running ") and lines[1].startswith("[1/7] threshold_sweep: done")
+    assert lines[0].startswith("[1/8] threshold_sweep: running ") and lines[1].startswith("[1/8] threshold_sweep: done")
 
     lines.clear()
     rerun = FakeRuns()
     folders = rep.reproduce("smoke", tmp_path, rep.plan("smoke"), run=rerun, log=lines.append)
     assert [c[-1].split("/")[-2] for c in rerun.commands] == ["skip_ratio", "search_history", "strategies", "sampling",
-                                                              "batch"]
-    assert lines[:2] == [f"[1/7] threshold_sweep: skipped, done at scale smoke in {folders[0]}",
-                         f"[2/7] adaptive_trace: skipped, done at scale smoke in {folders[1]}"]
+                                                              "batch", "field"]
+    assert lines[:2] == [f"[1/8] threshold_sweep: skipped, done at scale smoke in {folders[0]}",
+                         f"[2/8] adaptive_trace: skipped, done at scale smoke in {folders[1]}"]
     assert all((folder / rep.MARKER).is_file() for folder in folders)
 
     again = FakeRuns()

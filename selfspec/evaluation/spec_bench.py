@@ -80,11 +80,12 @@ def leaderboard_table(summary: dict) -> str:
     columns = [*SPEC_BENCH_TASKS.values(), "#Mean Accepted Tokens", "Overall"]
     lines = ["| strategy | " + " | ".join(columns) + " |", "|---" + "|:---:" * len(columns) + "|"]
     for name, row in summary.items():
-        speedups = [_speedup(row["by_category"].get(task)) for task in SPEC_BENCH_TASKS]
-        lines.append(f"| {name} | " + " | ".join([*speedups, f"{row['mean_accepted_tokens']:.2f}", _speedup(row)])
+        speedups = [speedup_cell(row["by_category"].get(task)) for task in SPEC_BENCH_TASKS]
+        lines.append(f"| {name} | " + " | ".join([*speedups, f"{row['mean_accepted_tokens']:.2f}", speedup_cell(row)])
                      + " |")
     return "\n".join(lines)
 
 
-def _speedup(row: dict | None) -> str:
+def speedup_cell(row: dict | None) -> str:
+    """A leaderboard cell: a summary row's speedup over plain decoding, `-` where it has none."""
     return "-" if row is None or row.get("speedup") is None else f"{row['speedup']:.2f}x"

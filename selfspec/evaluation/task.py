@@ -14,6 +14,7 @@ from selfspec.decoding.strategies import REGISTRY, cost_meter, make_strategy
 from selfspec.decoding.text_rules import text_rules
 from selfspec.errors import SelfspecError
 from selfspec.evaluation.evaluate import evaluate
+from selfspec.evaluation.field import FIELD, field_prompts, field_strategies, field_table
 from selfspec.evaluation.spec_bench import write_answers
 from selfspec.evaluation.summarize import summary_title, write_summary
 from selfspec.models.draft_vocabulary import DraftVocabulary, make_draft_vocabulary
@@ -21,7 +22,7 @@ from selfspec.models.loading import LoadedModel, load_model
 from selfspec.models.layouts import describe, num_layers
 from selfspec.models.skip_config import resolve_skip
 from selfspec.records.prompt_records import WrittenRecord, read_records
-from selfspec.records.run_dir import RECORDS_FILE, SETTINGS_FILE, open_run_dir
+from selfspec.records.run_dir import RECORDS_FILE, SETTINGS_FILE, open_run_dir, write_file
 from selfspec.records.wandb_logger import log_files, make_logger
 from selfspec.settings import DataSettings, RunSettings, SkipSet, named
 
@@ -38,7 +39,8 @@ def run(settings: RunSettings, out_dir: Path) -> dict:
     stored = dataclasses.asdict(settings)
     resumed = open_run_dir(out_dir, stored, settings.resume)  # first: a bad run dir ends before any loading
     earlier = read_records(out_dir / RECORDS_FILE, WrittenRecord) if resumed else []
-    prompts = load_prompt_set(settings.data)
+    field = FIELD in settings.strategies  # experiment=field: every training-free method, Spec-Bench's task types
+    prompts = field_prompts(settings.data) if field else load_prompt_set(settings.data)
     loaded = load_model(settings.model)
     all_turns = settings.data.turns == "all"
     if all_turns:
@@ -61,15 +63,17 @@ def run(settings: RunSettings, out_dir: Path) -> dict:
     print(f"model: {describe(loaded.model)}")
     print(f"skip set ({skip.fraction(layers):.0%} of {2 * layers} sublayers): attn={list(skip.attn)} mlp={list(skip.mlp)}")
     vocabularies = DraftVocabularies(loaded)
-    searched = searched_draft(settings, layers, vocabularies) if "self_spec_searched" in settings.strategies else None
+    searched = (searched_draft(settings, layers, vocabularies)
+                if {"self_spec_searched", FIELD} & set(settings.strategies) else None)
     costs = cost_meter(loaded.model, settings.draft)  # measured on first use, shared by the strategies
     rules = text_rules(loaded.model, loaded.tokenizer, settings.constraints.banned_words,
                        settings.constraints.case_sensitive, sampling.stop)
     options = GenerationOptions(sampling, loaded.end_ids, rules=rules)
-    strategies = [make_strategy(name, loaded.model, options, skip=skip, draft=settings.draft, draft_model=draft_model,
-                                draft_vocabulary=vocabularies(vocab_size), hf=settings.hf, kangaroo=settings.kangaroo,
-                                searched=searched, costs=costs)
-                  for name in settings.strategies]
+    def build(name: str):
+        return make_strategy(name, loaded.model, options, skip=skip, draft=settings.draft, draft_model=draft_model,
+                             draft_vocabulary=vocabularies(vocab_size), hf=settings.hf, kangaroo=settings.kangaroo,
+                             searched=searched, costs=costs)
+    strategies = field_strategies(build) if field else [build(name) for name in settings.strategies]
     if costs.summary():
         print(costs.summary())
     logger = make_logger(settings.logger, stored, out_dir, group=launch.sweep_dir)
@@ -85,6 +89,9 @@ def run(settings: RunSettings, out_dir: Path) -> dict:
             for row in summary.values():
                 row["parallel_launcher"] = launch.launcher
         table = write_summary(out_dir, summary, summary_title(loaded.name, len(prompts), stored))
+        if field:
+            table = field_table(read_records(out_dir / RECORDS_FILE), sampling.greedy)
+            write_file(out_dir / "field.md", f"{summary_title(loaded.name, len(prompts), stored)}\n\n{table}\n")
         if logger is not None:  # after the files are written: a W&B failure loses none of them
             logger.log_summary(summary)
             stem = f"{loaded.name}-{data_label(settings.data)}"

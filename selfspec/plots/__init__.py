@@ -9,6 +9,7 @@ to plot raises SelfspecError with a one-line message; malformed files fail earli
 
 from selfspec.plots.common import STYLE
 from selfspec.plots.comparisons import plot_sampling, plot_strategy_speedups
+from selfspec.plots.field import plot_field_speedups
 from selfspec.plots.search import pareto_front, plot_pareto_front, plot_search_history, plot_skip_mask
 from selfspec.plots.serving import plot_serve_load
 from selfspec.plots.steps import plot_accepted_histogram, plot_adaptive_trace
@@ -16,5 +17,5 @@ from selfspec.plots.sweeps import (batch_table, plot_batch_speedup, plot_batch_t
                                    plot_threshold_sweep)
 
 __all__ = ["STYLE", "batch_table", "pareto_front", "plot_accepted_histogram", "plot_adaptive_trace",
-           "plot_batch_speedup", "plot_batch_throughput", "plot_pareto_front", "plot_sampling", "plot_search_history",
+           "plot_batch_speedup", "plot_batch_throughput", "plot_field_speedups", "plot_pareto_front", "plot_sampling", "plot_search_history",
            "plot_serve_load", "plot_skip_mask", "plot_skip_ratio", "plot_strategy_speedups", "plot_threshold_sweep"]

@@ -70,6 +70,12 @@ def batch_figures(path: str | Path) -> dict:
             "batch_throughput": plots.plot_batch_throughput(runs, model=runs[0].model, date=runs[0].date)}
 
 
+def field_figures(path: str | Path) -> dict:
+    run = load_runs(path)[0]
+    greedy = run.sampling_label == "greedy"
+    return {"field_speedup": plots.plot_field_speedups(run.records, greedy=greedy, model=run.model, date=run.date)}
+
+
 SWEEPS = ("threshold_sweep", "skip_ratio", "sampling", "batch")  # experiments run with -m
 FIGURE_GROUPS = {
     "threshold_sweep": threshold_sweep_figures,
@@ -79,6 +85,7 @@ FIGURE_GROUPS = {
     "strategies": strategies_figures,
     "sampling": sampling_figures,
     "batch": batch_figures,
+    "field": field_figures,
 }
 
 

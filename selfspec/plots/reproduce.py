@@ -42,6 +42,7 @@ SMOKE = (
     Experiment("strategies", False, ("data.limit=2", "sampling.max_new_tokens=32")),
     Experiment("sampling", True, ("data.limit=2", "sampling.max_new_tokens=32")),
     Experiment("batch", True, ("batch_size=1,4", "data.limit=1", "sampling.max_new_tokens=32")),
+    Experiment("field", False, ("data.limit=1", "repeats=1", "sampling.max_new_tokens=32")),
 )
 # paper: the commands behind docs/results.md's figures; the experiments' own settings where it shows none
 PAPER = (
@@ -54,6 +55,7 @@ PAPER = (
                                      "strategies=[plain,self_spec_adaptive,self_spec_hybrid,prompt_lookup]")),
     Experiment("sampling", True, ()),
     Experiment("batch", True, ()),
+    Experiment("field", False, ()),
 )
 PLANS = {"smoke": SMOKE, "paper": PAPER}
 

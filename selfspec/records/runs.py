@@ -17,7 +17,8 @@ from selfspec.errors import SelfspecError
 from selfspec.records.prompt_records import PromptRecord, read_jsonl, read_records
 from selfspec.settings import SkipSet, default_threshold, make_skip_set
 
-EXPERIMENTS = ("threshold_sweep", "adaptive_trace", "skip_ratio", "search_history", "strategies", "sampling", "batch")
+EXPERIMENTS = ("threshold_sweep", "adaptive_trace", "skip_ratio", "search_history", "strategies", "sampling", "batch",
+               "field")
 REPOSITORY = Path(__file__).resolve().parents[2]
 SAMPLE_RECORDS = REPOSITORY / "notebooks" / "sample_records"  # laid out like outputs/: experiments/<name>/<date_time>
 _DATE = re.compile(r"(\d{4}-\d{2}-\d{2})(?:[_T ](\d{2})[-:](\d{2}))?")
