@@ -17,6 +17,7 @@ from selfspec.decoding.drafters import (Drafter, feature_head, hybrid, layer_ski
                                        two_model)
 from selfspec.decoding.drafters import kangaroo as kangaroo_drafter
 from selfspec.decoding.hf_baselines import HFStrategy
+from selfspec.decoding.skip_choice import drafter as skip_choice
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
 from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.results import Emitted, GenerationResult
@@ -31,7 +32,8 @@ PLAIN = StrategySpec("plain", "the full model alone, one token per forward: the 
 # every strategy by name, in the order listings show them; a module with new strategies joins here
 REGISTRY = {spec.name: spec for spec in (PLAIN, *layer_skip.STRATEGIES, *hybrid.STRATEGIES, *feature_head.STRATEGIES,
                                          *ngram.STRATEGIES, *two_model.STRATEGIES, *kangaroo_drafter.STRATEGIES,
-                                         *hf_baselines.STRATEGIES, *ngram_tree.STRATEGIES, *layer_skip_tree.STRATEGIES)}
+                                         *hf_baselines.STRATEGIES, *ngram_tree.STRATEGIES, *layer_skip_tree.STRATEGIES,
+                                         *skip_choice.STRATEGIES)}
 NAMES = tuple(REGISTRY)
 
 

@@ -7,6 +7,7 @@ from typing import Optional
 from omegaconf import DictConfig, OmegaConf
 
 from selfspec.errors import SelfspecError
+from selfspec.settings.skip_strategy import SkipStrategySettings
 from selfspec.settings.typed import CONF, at_least, in_unit, one_of
 
 POLICIES = ("fixed", "threshold", "adaptive", "cost")
@@ -140,6 +141,7 @@ class DraftSettings:
     tree_branch_below: float  # and the layer-skip draft branches where its top probability is below this
     head: Optional[str]  # a trained feature head (head.pt, or shipped): self_spec_head's, and hybrid's and trees' draft
     store: Optional[str] = None  # a token store (store.pt, or shipped): self_spec_tree's draft where nothing is copied
+    skip_strategy: SkipStrategySettings = field(default_factory=SkipStrategySettings)  # conf/skip_strategy/
 
     def __post_init__(self):
         one_of("policy", self.policy, POLICIES)
