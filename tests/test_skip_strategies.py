@@ -18,11 +18,16 @@ from selfspec.decoding.skip_choice.swift import SwiftSearch, match_rate
 from selfspec.decoding.speculative import generate
 from selfspec.decoding.strategies import make_strategy
 from selfspec.errors import SelfspecError
+from selfspec.evaluation.evaluate import chosen_skip_sets
 from selfspec.models.cache import new_cache
 from selfspec.models.layouts import base_model
 from selfspec.models.tiny import tiny_model
+from selfspec.plots.skip_choice import plot_skip_choice, skipped_matrix
+from selfspec.records.prompt_records import SkipSetRecord, append_record, read_records, skip_set_at
+from selfspec.records.wandb_logger import WandbLogger
 from selfspec.settings import SkipSet, default_settings, make_skip_set
 
+import helpers
 from helpers import chi_square_pvalue, exact_pair_distribution
 
 DEFAULTS = default_settings()
@@ -148,7 +153,7 @@ def test_sampled_skip_strategies_match_the_full_models_distribution(name):
     settings = replace(DEFAULTS.sampling, temperature=1.0, top_k=3, max_new_tokens=3)
     prompt = [5, 40, 77]
     draft = replace(DRAFT, policy="fixed", max_tokens=2,
-                    skip_strategy=replace(DRAFT.skip_strategy, rechoose_every=1, search_steps=2, window=4))
+                    skip_strategy=replace(DRAFT.skip_strategy, rechoose_every=1, search_steps=1, candidates=1))
     made = make_strategy(name, model, GenerationOptions(settings), skip=make_skip_set([], [1], 2), draft=draft,
                          costs=PayingCosts())
     exact = exact_pair_distribution(model, prompt, settings)
@@ -161,3 +166,47 @@ def test_sampled_skip_strategies_match_the_full_models_distribution(name):
         drafted += result.drafted
     assert set(counts) <= set(exact) and drafted > 0
     assert chi_square_pvalue(counts, exact) > 0.001
+
+
+class LoggedRun:
+    """Stands in for a W&B run: keeps what is logged."""
+
+    def __init__(self):
+        self.rows = []
+
+    def define_metric(self, *args, **kwargs):
+        pass
+
+    def log(self, row):
+        self.rows.append(row)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_chosen_sets_reach_the_records_and_wandb(tiny, prompt, tmp_path):
+    made = strategy(tiny, "self_spec_clasp")
+    result = made.generate(prompt)
+    sets = chosen_skip_sets(made)
+    assert sets[0] == SkipSetRecord(0, [1], [2]) and len(sets) == len(made.drafter.chosen) > 1
+    record = replace(helpers.record("self_spec_clasp", "q1"), steps=result.steps, skip_sets=sets)
+    append_record(tmp_path / "records.jsonl", record)
+    append_record(tmp_path / "records.jsonl", helpers.record("self_spec", "q1"))  # a record without sets
+    back = read_records(tmp_path / "records.jsonl")
+    assert back[0].skip_sets == sets and back[1].skip_sets == []
+    run = LoggedRun()
+    WandbLogger(run).log_prompt(0, back[0])
+    steps = [row for row in run.rows if "self_spec_clasp/verify_step" in row]
+    skipped = [row["self_spec_clasp/step_skipped_sublayers"] for row in steps]
+    assert len(skipped) == len(result.steps) and skipped[0] == 2 and skipped[-1] == 6  # 3 whole layers after
+    assert skip_set_at(sets, 0) == sets[0] and skip_set_at([], 0) is None
+
+
+def test_the_figure_shows_each_strategys_skipped_sublayers_per_step():
+    steps = [helpers.RecordedStep(drafted=2, accepted=1, emitted=2, threshold=0.5) for _ in range(3)]
+    base = replace(helpers.record("self_spec_clasp", "q1"), steps=steps)
+    clasp = replace(base, skip_sets=[SkipSetRecord(0, [1], []), SkipSetRecord(2, [0, 2], [2])])
+    knapsack = replace(base, strategy="self_spec_knapsack", skip_sets=[SkipSetRecord(0, [], [1])])
+    assert skipped_matrix(clasp, 3) == [[0, 0, 1], [1, 1, 0], [0, 0, 1], [0, 0, 0], [0, 0, 0], [0, 0, 1]]
+    fig = plot_skip_choice([clasp, knapsack, helpers.record("plain", "q1")])
+    assert [ax.get_title(loc="left") for ax in fig.axes] == ["self_spec_clasp", "self_spec_knapsack"]
+    with pytest.raises(SelfspecError, match="no record holds skip sets"):
+        plot_skip_choice([helpers.record("plain", "q1")])

@@ -181,7 +181,8 @@ def build_swift(inputs: StrategyInputs) -> ChoosingDrafter:
     search = SwiftSearch(inputs.model, layers, round(settings.skip_fraction * 2 * layers), settings.candidates,
                          settings.window)
     confident = replace(inputs, draft=replace(inputs.draft, threshold=settings.confidence))
-    return _drafter(inputs, SwiftChooser(search, settings.search_steps), confident.exit_policy("threshold", inputs.skip))
+    exit_policy = confident.exit_policy("threshold", inputs.skip)
+    return _drafter(inputs, SwiftChooser(search, settings.search_steps), exit_policy)
 
 
 def _drafter(inputs: StrategyInputs, chooser: SkipChooser, exit_policy: DraftExit) -> ChoosingDrafter:

@@ -1,9 +1,9 @@
 """SWIFT's on-the-fly skip-set search (Xia et al., ICLR 2025), in its optimisation phase.
 
-For the first `search_steps` verifications of a generation, each verification scores the incumbent set and
-`candidates` new ones on the current context: a candidate's parallel draft over the context's last `window` tokens
-(one teacher-forced forward of the skipped model over the whole context, in a scratch cache) predicts each next token, and its score is the
-share it predicts as the context has it. The paper proposes candidates by random search, then Bayesian optimisation;
+For the first `search_steps` verifications of a generation, each verification scores the incumbent set (at first
+the `skip=` set, then the last generation's best) and `candidates` new ones on the current context: a candidate's
+parallel draft (one teacher-forced forward of the skipped model over the whole context, in a scratch cache)
+predicts each of the context's last `window` tokens, and its score is the share it predicts as the context has it. The paper proposes candidates by random search, then Bayesian optimisation;
 here half are the incumbent with one skipped sublayer swapped for a kept one and half are random sets of the same
 size, a small search a CPU affords. After the phase the best set drafts the rest of the generation. The other half
 of SWIFT, confidence-aware drafting (a draft stops where its top probability falls below a threshold), is the
