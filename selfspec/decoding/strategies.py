@@ -17,6 +17,7 @@ from selfspec.decoding.drafters import (Drafter, feature_head, hybrid, layer_ski
                                        ngram_tree, token_recycling, two_model)
 from selfspec.decoding.drafters import kangaroo as kangaroo_drafter
 from selfspec.decoding.hf_baselines import HFStrategy
+from selfspec.decoding.skip_choice import drafter as skip_choice
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
 from selfspec.decoding.options import GenerationOptions
 from selfspec.decoding.results import Emitted, GenerationResult
@@ -32,7 +33,7 @@ PLAIN = StrategySpec("plain", "the full model alone, one token per forward: the 
 REGISTRY = {spec.name: spec for spec in (PLAIN, *layer_skip.STRATEGIES, *hybrid.STRATEGIES, *feature_head.STRATEGIES,
                                          *ngram.STRATEGIES, *two_model.STRATEGIES, *kangaroo_drafter.STRATEGIES,
                                          *hf_baselines.STRATEGIES, *ngram_tree.STRATEGIES, *layer_skip_tree.STRATEGIES,
-                                         *token_recycling.STRATEGIES, *lookahead.STRATEGIES)}
+                                         *token_recycling.STRATEGIES, *lookahead.STRATEGIES, *skip_choice.STRATEGIES)}
 NAMES = tuple(REGISTRY)
 
 

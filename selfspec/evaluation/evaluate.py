@@ -16,7 +16,8 @@ from selfspec.data.prompt_sets import Prompt
 from selfspec.decoding.results import GenerationResult
 from selfspec.decoding.strategies import Strategy
 from selfspec.models.devices import output_device
-from selfspec.records.prompt_records import PromptRecord, append_record, first_difference, read_records, summarize
+from selfspec.records.prompt_records import (PromptRecord, SkipSetRecord, append_record, first_difference, read_records,
+                                             summarize)
 from selfspec.timing import clock
 
 T = TypeVar("T")
@@ -134,7 +135,14 @@ def _record(strategy: Strategy, prompt: Prompt, turn: int, ids: list[int], resul
         gated_steps=result.gated_steps, rollbacks=result.rollbacks, finish_reason=result.finish_reason,
         peak_mem_mb=peak_mem_mb, batch_size=batch_size, batch_neighbours=neighbours, batch_group=group,
         batch_elapsed_s=batch_elapsed_s, output_ids=result.new_tokens,
-        output_text=before_stop(tokenizer.decode(result.new_tokens), strategy), steps=result.steps)
+        output_text=before_stop(tokenizer.decode(result.new_tokens), strategy), steps=result.steps,
+        skip_sets=chosen_skip_sets(strategy) if batch_size == 1 else [])
+
+
+def chosen_skip_sets(strategy: Strategy) -> list[SkipSetRecord]:
+    """The skip sets the strategy's drafter chose in its last generation (skip_strategy: decoding/skip_choice/)."""
+    return [SkipSetRecord(each.step, list(each.skip.attn), list(each.skip.mlp))
+            for each in getattr(getattr(strategy, "drafter", None), "chosen", [])]
 
 
 def before_stop(text: str, strategy: Strategy) -> str:

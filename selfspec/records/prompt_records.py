@@ -17,6 +17,20 @@ T = typing.TypeVar("T")
 
 
 @dataclass
+class SkipSetRecord:
+    """A skip set a skip strategy drafted with (skip_strategy), from the verification `step` of its generation on."""
+    step: int
+    attn: list[int]
+    mlp: list[int]
+
+
+def skip_set_at(sets: list[SkipSetRecord], step: int) -> SkipSetRecord | None:
+    """The set in force at verification `step` (0-based): the last to start at or before it."""
+    started = [each for each in sets if each.step <= step]
+    return started[-1] if started else None
+
+
+@dataclass
 class PromptRecord:
     strategy: str
     question_id: str
@@ -48,6 +62,8 @@ class PromptRecord:
     output_ids: list[int] = field(default_factory=list)
     output_text: str = ""
     steps: list[RecordedStep] = field(default_factory=list)  # one per verification (written: every StepRecord field)
+    skip_sets: list[SkipSetRecord] = field(default_factory=list)  # skip strategies that choose while decoding: each
+    # set and the verification it drafted from (the last timed run's; batch_size 1); []: a fixed skip set or none
 
 
 @dataclass

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from selfspec.errors import SelfspecError, SelfspecWarning
 from selfspec.models.cache_files import refuse_damaged
-from selfspec.records.prompt_records import PromptRecord
+from selfspec.records.prompt_records import PromptRecord, skip_set_at
 from selfspec.records.run_dir import check_output_dir
 from selfspec.settings import LoggerSettings
 
@@ -71,12 +71,14 @@ class WandbLogger:
         name = record.strategy
         if name not in self.verify_steps:
             self._define(name)
-        for step in record.steps:
+        for index, step in enumerate(record.steps):
             self.verify_steps[name] += 1
+            skip = skip_set_at(record.skip_sets, index)
             self._log({f"{name}/verify_step": self.verify_steps[name],
                        f"{name}/step_acceptance": step.accepted / step.drafted if step.drafted else None,
                        f"{name}/step_drafted": step.drafted,
-                       f"{name}/step_threshold": step.threshold})
+                       f"{name}/step_threshold": step.threshold,
+                       f"{name}/step_skipped_sublayers": len(skip.attn) + len(skip.mlp) if skip else None})
         self._log({"prompt": index, f"{name}/prompt_tokens_per_s": record.tokens_per_s,
                    f"{name}/prompt_speedup": record.speedup,
                    f"{name}/prompt_acceptance_rate": record.acceptance_rate})

@@ -7,6 +7,7 @@ from typing import Optional
 from omegaconf import DictConfig, OmegaConf
 
 from selfspec.errors import SelfspecError
+from selfspec.settings.skip_strategy import SkipStrategySettings
 from selfspec.settings.typed import CONF, at_least, in_unit, one_of
 
 POLICIES = ("fixed", "threshold", "adaptive", "cost")
@@ -146,6 +147,7 @@ class DraftSettings:
     lookahead_window: int  # lookahead: W window columns, N-grams (N - 1 Jacobi levels), G pool n-grams verified
     lookahead_ngram: int
     lookahead_candidates: int
+    skip_strategy: SkipStrategySettings = field(default_factory=SkipStrategySettings)  # conf/skip_strategy/
 
     def __post_init__(self):
         one_of("policy", self.policy, POLICIES)

@@ -58,7 +58,11 @@ class SelfDrafter(ChainDrafter):
 
 
 def build_self_spec(inputs: StrategyInputs, policy: str | None = None) -> SelfDrafter:
-    """The layer-skip drafter under `policy` (None: draft.policy)."""
+    """The layer-skip drafter under `policy` (None: draft.policy); plain self_spec under a skip_strategy other than
+    static chooses its set while decoding (decoding/skip_choice/)."""
+    if policy is None and inputs.draft.skip_strategy.name != "static":
+        from selfspec.decoding.skip_choice.drafter import BUILDERS  # it builds on this module's SelfDrafter
+        return BUILDERS[inputs.draft.skip_strategy.name](inputs)
     policy = policy or inputs.draft.policy
     return SelfDrafter(inputs.model, inputs.skip, inputs.exit_policy(policy, inputs.skip, inputs.draft_vocabulary),
                        inputs.draft_vocabulary)
