@@ -189,9 +189,11 @@ def test_run_py_trains_and_benchmarks_kangaroo(tmp_path):
     result = run_py(*TINY_RUN, "experiment=kangaroo_train", *SMALL, "train.epochs=1", "kangaroo.exit_layer=4",
                     f"train.data_dir={tmp_path / 'shared'}", f"hydra.run.dir={tmp_path / 'train'}", timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
-    shared = sorted(p.name for p in (tmp_path / "shared").iterdir())  # states shards per exit layer, then tokens
+    written = sorted(p.name for p in (tmp_path / "shared").iterdir())
+    shared = [name for name in written if name.endswith(".pt")]  # states shards per exit layer, then tokens
     assert shared[-2:] == ["tokens-0000.pt", "tokens-0001.pt"] and shared[0] == "states-final-4-0000.pt"
     assert all(name.startswith("states-final-4-") for name in shared[:-2])
+    assert sorted(shared + [f"{name}.sha256" for name in shared]) == written  # each shard with its sha256 beside it
     assert not (tmp_path / "train" / "draft_data").exists()
     adapter = tmp_path / "train" / "adapter.pt"
     assert adapter.is_file() and f"kangaroo.adapter_path={adapter}" in result.stdout
