@@ -2,7 +2,11 @@
 arguments, and a small run against tiny-model servers that writes records, summaries and the figure."""
 
 import json
+import signal
+import subprocess
+import sys
 
+import psutil
 import pytest
 
 from selfspec.errors import SelfspecError
@@ -59,3 +63,16 @@ def test_a_server_that_cannot_start_ends_in_one_line_naming_its_error(tmp_path):
                                             r"selfspec: error: serve.max_batch=0 must be >= 1"):
         with bench.local_server(tmp_path, "model=tiny_llama", "serve.max_batch=0"):
             pass
+
+
+@pytest.mark.slow  # a tiny-model server
+def test_a_load_test_killed_with_sigterm_stops_its_server(tmp_path):
+    script = ("import sys; from pathlib import Path; from selfspec.serve import bench\n"
+              "with bench.server_process(Path(sys.argv[1]), 'model=tiny_llama', 'logger=none') as (url, server):\n"
+              "    print(server.pid, flush=True); import time; time.sleep(600)\n")
+    load_test = subprocess.Popen([sys.executable, "-c", script, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    server = psutil.Process(int(load_test.stdout.readline()))  # once /health answers
+    load_test.send_signal(signal.SIGTERM)
+    assert load_test.wait(timeout=60) == 128 + signal.SIGTERM
+    gone, alive = psutil.wait_procs([server], timeout=30)
+    assert alive == [] and gone == [server]  # the server ended with it

@@ -17,6 +17,7 @@ what else runs on it: compare cells of one run.
 import argparse
 import asyncio
 import json
+import signal
 import socket
 import subprocess
 import sys
@@ -47,7 +48,8 @@ def local_server(out_dir: Path, *overrides: str, startup_s: float = 600) -> Iter
 
 @contextmanager
 def server_process(out_dir: Path, *overrides: str, startup_s: float = 600) -> Iterator[tuple[str, subprocess.Popen]]:
-    """local_server's base URL and its process (whose memory serve/soak.py reads)."""
+    """local_server's base URL and its process (whose memory serve/soak.py reads). A SIGTERM to this process (a
+    `kill`, a job scheduler's time limit) stops the server too, as Ctrl-C does."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -56,6 +58,7 @@ def server_process(out_dir: Path, *overrides: str, startup_s: float = 600) -> It
     command = [sys.executable, "-m", "selfspec", "task=serve", "serve.host=127.0.0.1", f"serve.port={port}",
                f"hydra.run.dir={out_dir}", *overrides]
     url = f"http://127.0.0.1:{port}"
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, cwd=CHECKOUT, stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -72,6 +75,11 @@ def server_process(out_dir: Path, *overrides: str, startup_s: float = 600) -> It
         finally:
             process.terminate()
             process.wait(timeout=30)
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_sigterm(signum, _frame) -> None:
+    sys.exit(128 + signum)  # SystemExit: the `finally` that stops the server runs
 
 
 def _healthy(url: str) -> bool:
