@@ -1,6 +1,7 @@
 """`task=serve` (`make serve`): serve the configured model and strategy over an OpenAI-compatible HTTP API and a page
 (app.py; request bodies in schemas.py, the decoding batch in batcher.py, the queue beyond it in queue.py, the page
-in static/index.html; the load test of `make serve-bench` in bench.py)."""
+in static/index.html; large buffers given back when freed in memory.py; the load test of `make serve-bench` in
+bench.py, the soak of `make soak` in soak.py)."""
 
 import ipaddress
 import warnings
@@ -23,6 +24,7 @@ def serve(settings: RunSettings, out_dir: Path) -> None:
                             f"pip install -e '.[serve]'") from None
     from selfspec.api.decoder import STRATEGIES, SelfSpeculativeDecoder
     from selfspec.models.loading import load_model
+    from selfspec.serve.memory import give_back_large_buffers
 
     if settings.serve.strategy not in STRATEGIES:
         raise SelfspecError(f"serve.strategy={settings.serve.strategy!r} is not allowed; "
@@ -30,6 +32,7 @@ def serve(settings: RunSettings, out_dir: Path) -> None:
     warn_if_open(settings.serve)
     # Before the model loads: a server whose run folder (its log) is read-only fails at once, not after a request.
     check_output_dir(out_dir)
+    give_back_large_buffers()  # resident memory stays flat over hours of requests (serve/memory.py)
     loaded = load_model(settings.model)
     draft_model = load_model(settings.draft_model).model if settings.draft_model else None
     name = settings.serve.strategy
