@@ -11,11 +11,11 @@ if sys.argv[1] == "given back":
 rss = lambda: psutil.Process().memory_info().rss / 2 ** 20
 rnd, rows, kept = random.Random(0), [], []
 start = rss()
-for _ in range(400):  # 8 rows' buffers of changing sizes (1-16 MiB), one leaving as another joins; small ones stay
-    rows.append(torch.ones(rnd.randrange(256, 4096) * 1024))
+for _ in range(1000):  # 16 rows' buffers of changing sizes (1-16 MiB), the oldest leaving as one joins; small ones
+    rows.append(torch.ones(rnd.randrange(256, 4096) * 1024))  # stay
     kept.append(torch.ones(64))
-    if len(rows) > 8:
-        rows.pop(rnd.randrange(len(rows)))
+    if len(rows) > 16:
+        rows.pop(0)
 rows.clear()
 print(rss() - start)
 """

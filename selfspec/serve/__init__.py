@@ -32,7 +32,7 @@ def serve(settings: RunSettings, out_dir: Path) -> None:
     warn_if_open(settings.serve)
     # Before the model loads: a server whose run folder (its log) is read-only fails at once, not after a request.
     check_output_dir(out_dir)
-    give_back_large_buffers()  # resident memory stays flat over hours of requests (serve/memory.py)
+    give_back_large_buffers()  # freed large buffers leave the heap unfragmented (serve/memory.py)
     loaded = load_model(settings.model)
     draft_model = load_model(settings.draft_model).model if settings.draft_model else None
     name = settings.serve.strategy

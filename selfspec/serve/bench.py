@@ -58,9 +58,9 @@ def server_process(out_dir: Path, *overrides: str, startup_s: float = 600) -> It
     command = [sys.executable, "-m", "selfspec", "task=serve", "serve.host=127.0.0.1", f"serve.port={port}",
                f"hydra.run.dir={out_dir}", *overrides]
     url = f"http://127.0.0.1:{port}"
-    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, cwd=CHECKOUT, stdout=log, stderr=subprocess.STDOUT)
+        previous = signal.signal(signal.SIGTERM, _exit_on_sigterm)
         try:
             deadline = clock() + startup_s
             while not _healthy(url):

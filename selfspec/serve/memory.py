@@ -4,7 +4,7 @@ glibc serves an allocation from its heap unless it is at least its mmap threshol
 32 MiB) each time a larger mmapped buffer is freed. A server allocates large buffers of ever-changing sizes: each
 request's per-position draft buffers (a feature head's hidden states, max_len x hidden), a batch's logits, a long
 prompt's prefill. Served from the heap, they fragment it, and resident memory creeps up as requests come and go
-(`make soak` on SmolLM2: +13% in 10 minutes). A fixed threshold gives each buffer of 1 MiB or more its own mapping,
+(`make soak` checks its growth). A fixed threshold gives each buffer of 1 MiB or more its own mapping,
 returned whole when freed; smaller ones (a step's per-layer activations) stay on the heap, where reuse is cheap.
 """
 
