@@ -173,7 +173,7 @@ def test_sampled_rows_keep_the_full_models_distribution_in_a_mixed_batch():
                                                                       SelfDrafter(model, skip, DraftExit(2)))]
     generators = [torch.Generator().manual_seed(0), torch.Generator().manual_seed(1)]
     counts, drafted, accepted = [{}, {}], 0, 0
-    for _ in range(2000):
+    for _ in range(1000):
         for row, result in enumerate(generate_batch(model, prompts, GenerationOptions(settings), drafters=drafters,
                                                     generators=generators)):
             key = tuple(result.new_tokens[1:3])

@@ -83,10 +83,10 @@ def test_sampled_output_is_distributed_as_plain_sampling():
     prompt, settings = [5, 40, 77], replace(SAMPLING, temperature=1.0, top_k=3, max_new_tokens=7)
     drafter = LookaheadDrafter(MODEL, window=2, ngram=3, candidates=2)
     gen, counts, pooled = torch.Generator().manual_seed(0), defaultdict(int), 0
-    for _ in range(1500):
+    for _ in range(1000):
         result = generate(MODEL, prompt, GenerationOptions(settings, generator=gen), drafter)
         counts[tuple(result.new_tokens[1:3])] += 1
         pooled += result.steps[0].tree_size > drafter.window  # a generation's first window is one level of W
     exact = exact_pair_distribution(MODEL, prompt, replace(settings, max_new_tokens=3))
-    assert set(counts) <= set(exact) and pooled > 300
+    assert set(counts) <= set(exact) and pooled > 200
     assert chi_square_pvalue(counts, exact) > 0.001

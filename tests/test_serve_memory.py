@@ -1,4 +1,5 @@
-"""The server's large buffers go back to the system when freed (serve/memory.py), so churn does not pile up."""
+"""The server's large buffers go back to the system when freed, and its heap's free pages when trimmed
+(serve/memory.py), so churn does not pile up."""
 
 import subprocess
 import sys
@@ -21,9 +22,23 @@ print(rss() - start)
 """
 
 
-def resident_growth_mib(mode: str) -> float:
-    """What a process holds after the churn of large buffers, all freed, over what it held before."""
-    result = subprocess.run([sys.executable, "-c", CHURN, mode], capture_output=True, text=True, timeout=120)
+SMALL_CHURN = """
+import sys, psutil
+from selfspec.serve.memory import give_back_free_heap
+rss = lambda: psutil.Process().memory_info().rss / 2 ** 20
+start = rss()
+buffers = [bytearray(8192) for _ in range(40_000)]  # 312 MiB of heap buffers below the mmap threshold
+kept = buffers[::64]  # one in 64 stays: the heap cannot shrink from its top
+buffers.clear()
+if sys.argv[1] == "trimmed":
+    assert give_back_free_heap()
+print(rss() - start)
+"""
+
+
+def resident_growth_mib(mode: str, churn: str = CHURN) -> float:
+    """What a process holds after the churn of buffers, all but a few freed, over what it held before."""
+    result = subprocess.run([sys.executable, "-c", churn, mode], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     return float(result.stdout)
 
@@ -32,3 +47,20 @@ def test_freed_large_buffers_leave_no_resident_memory_behind():
     given_back, kept = resident_growth_mib("given back"), resident_growth_mib("allocator's default")
     assert given_back < 32  # MiB: the pages of freed buffers went back to the system
     assert kept > given_back + 64  # the allocator's default keeps hundreds of MiB of them (glibc)
+
+
+def test_a_trim_gives_the_heaps_free_pages_back():
+    trimmed, kept = resident_growth_mib("trimmed", SMALL_CHURN), resident_growth_mib("untrimmed", SMALL_CHURN)
+    assert trimmed < 32  # MiB: the kept buffers' pages and little else
+    assert kept > trimmed + 200  # untrimmed, the freed buffers' pages stay resident
+
+
+def test_the_heap_trim_runs_at_most_once_every_interval(monkeypatch):
+    from selfspec.serve import memory
+
+    trims, now = [], [0.0]
+    monkeypatch.setattr(memory, "give_back_free_heap", lambda: trims.append(now[0]))
+    trim = memory.HeapTrim(every_s=5.0, clock=lambda: now[0])
+    for now[0] in (1.0, 4.9, 5.0, 6.0, 9.9, 10.0, 30.0):
+        trim()
+    assert trims == [5.0, 10.0, 30.0]

@@ -294,10 +294,10 @@ def test_sampling_with_a_banned_word_follows_plain_decodings_distribution(tokeni
     drafter = SelfDrafter(model, make_skip_set([1], [2], 4), DraftExit(2))
     generator = torch.Generator().manual_seed(0)
     counts, rollbacks = {}, 0
-    for _ in range(2000):
+    for _ in range(1000):
         result = generate(model, prompt, GenerationOptions(settings, generator=generator, rules=rules), drafter)
         counts[tuple(result.new_tokens)] = counts.get(tuple(result.new_tokens), 0) + 1
         rollbacks += result.rollbacks
     assert (x, y) not in counts and set(counts) <= set(exact)
-    assert rollbacks > 100  # the banned word is one the model often produces
+    assert rollbacks > 50  # the banned word is one the model often produces
     assert chi_square_pvalue(counts, exact) > 0.001

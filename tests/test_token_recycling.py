@@ -73,10 +73,10 @@ def test_sampled_output_is_distributed_as_plain_sampling():
     prompt, settings = [5, 40, 77], replace(SAMPLING, temperature=1.0, top_k=3, max_new_tokens=3)
     drafter = TokenRecyclingDrafter(MODEL, nodes=6, depth=2, width=3)
     gen, counts, branched = torch.Generator().manual_seed(0), defaultdict(int), 0
-    for _ in range(2000):
+    for _ in range(1000):
         result = generate(MODEL, prompt, GenerationOptions(settings, generator=gen), drafter)
         counts[tuple(result.new_tokens[1:3])] += 1
         branched += any(step.tree_size > step.tree_depth for step in result.steps)
     exact = exact_pair_distribution(MODEL, prompt, settings)
-    assert set(counts) <= set(exact) and branched > 1000
+    assert set(counts) <= set(exact) and branched > 500
     assert chi_square_pvalue(counts, exact) > 0.001

@@ -25,6 +25,7 @@ from selfspec.decoding.batch import DecodingBatch
 from selfspec.decoding.drafters import Drafter
 from selfspec.decoding.speculative import Generation
 from selfspec.decoding.results import Emitted
+from selfspec.serve.memory import HeapTrim
 from selfspec.settings import SamplingSettings, ServeSettings
 
 END = object()  # what a row's queue holds after its generation's last Emitted
@@ -103,6 +104,7 @@ class Batcher:
         self._changed = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="selfspec-batch", daemon=True)
+        self._trim_heap = HeapTrim()  # an ended row's freed buffers go back to the system (serve/memory.py)
 
     @property
     def size(self) -> int:
@@ -212,3 +214,4 @@ class Batcher:
         row.outbox.put(failure or END)
         self.pools[row.pool].append(row.drafter)
         self._rows.pop(row.generation, None)
+        self._trim_heap()
