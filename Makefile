@@ -39,7 +39,7 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 # Two pytest workers (pytest-xdist), one thread each: the suite is half run.py subprocesses and tiny models, which
 # one thread serves as well as two, so two workers take about half the time (14 minutes here, 27 in one process).
 test: install /usr/bin/chromedriver  ## Run the test suite (two workers)
-	$(PY) -m pytest -q -n 2 $(ARGS)
+	$(PY) -m pytest -q -n 2 --dist worksteal $(ARGS)  # worksteal: a worker that runs out takes from the other
 
 test-fast: install  ## Run the tests not marked slow (about 3 minutes; no embedded models, run.py runs or notebooks)
 	$(PY) -m pytest -q -n 2 -m "not slow" $(ARGS)

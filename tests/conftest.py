@@ -1,10 +1,12 @@
 import os
+import shutil
 import sys
 from pathlib import Path
 
 import huggingface_hub
 import pytest
 import torch
+from filelock import FileLock
 
 from selfspec.models.grouped_attention import use_grouped_attention
 from selfspec.models.tiny import byte_tokenizer, tiny_model
@@ -58,9 +60,18 @@ def prompt(tokenizer):
 
 @pytest.fixture(scope="session")
 def tiny_outputs(tmp_path_factory) -> Path:
-    """Every experiment run once on the tiny Llama (sample_records.TEST_RUNS), shared by the test modules."""
+    """Every experiment run once on the tiny Llama (sample_records.TEST_RUNS), shared by the test modules and by
+    pytest-xdist's workers: the first worker to ask runs them into their common temporary folder, the others wait
+    for it (the tests only read the runs)."""
     from sample_records import TEST_RUNS, run_experiments  # imported only by the tests that need the runs
 
-    outputs = tmp_path_factory.getbasetemp() / "tiny_outputs"
-    run_experiments(outputs, TEST_RUNS, jobs=2)
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # one folder above each worker's own
+    outputs, done = shared / "tiny_outputs", shared / "tiny_outputs.done"
+    with FileLock(shared / "tiny_outputs.lock"):
+        if not done.is_file():
+            shutil.rmtree(outputs, ignore_errors=True)  # a worker that failed half-way left part of the runs
+            run_experiments(outputs, TEST_RUNS, jobs=2)
+            done.touch()
     return outputs
