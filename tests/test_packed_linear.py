@@ -27,7 +27,7 @@ def linears(model) -> list[nn.Module]:
 
 
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("shape", [(1, 48), (5, 48), (1, 3, 48)])
+@pytest.mark.parametrize("shape", [(1, 48), (5, 48), (1, 3, 48), (3, 7, 48)])  # 21 rows: padded to 24
 def test_a_packed_linear_computes_what_the_linear_does(shape, bias):
     torch.manual_seed(0)
     linear = nn.Linear(48, 80, bias=bias)
@@ -40,6 +40,15 @@ def test_a_packed_linear_computes_what_the_linear_does(shape, bias):
     assert state.keys() == linear.state_dict().keys()
     for key, value in linear.state_dict().items():
         assert torch.equal(state[key], value)
+
+
+def test_a_rows_product_does_not_depend_on_the_rows_beside_it_or_their_padding():
+    torch.manual_seed(0)
+    packed, x = PackedLinear(nn.Linear(48, 80)), torch.randn(300, 48)
+    with torch.inference_mode():
+        every_row = packed(x)
+        for rows in (1, 16, 17, 21, 40, 129, 299):  # unpadded up to 16, then padded to 20, 24, 40, 160, 320
+            assert torch.equal(packed(x[:rows]), every_row[:rows])
 
 
 @pytest.mark.parametrize("bias", [False, True])

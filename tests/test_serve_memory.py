@@ -64,3 +64,32 @@ def test_the_heap_trim_runs_at_most_once_every_interval(monkeypatch):
     for now[0] in (1.0, 4.9, 5.0, 6.0, 9.9, 10.0, 30.0):
         trim()
     assert trims == [5.0, 10.0, 30.0]
+
+
+KERNELS = """
+import sys, psutil, torch
+from selfspec.models.packed_linear import packed_product, packed_weight
+from selfspec.serve.memory import give_back_free_heap
+
+
+def rss():
+    give_back_free_heap()  # what stays resident is what is still allocated
+    return psutil.Process().memory_info().rss / 2 ** 20
+
+
+weight, x = packed_weight(torch.randn(576, 576)), torch.randn(300, 576)  # a SmolLM2 attention projection
+with torch.inference_mode():
+    start = rss()
+    for rows in range(17, 300):  # a prompt of every length
+        if sys.argv[1] == "padded":
+            packed_product(x[:rows], weight)
+        else:
+            torch.ops.mkldnn._linear_pointwise(x[:rows], weight, None, "none", [], "")
+print(rss() - start)
+"""
+
+
+def test_a_packed_linear_meeting_every_row_count_keeps_few_kernels():
+    padded, exact = resident_growth_mib("padded", KERNELS), resident_growth_mib("exact", KERNELS)
+    assert padded < 24  # MiB: kernels for the 17 padded row counts
+    assert exact > padded + 64  # oneDNN keeps a kernel for each of the 283 row counts

@@ -8,6 +8,11 @@ prepacking emits (`mkldnn._reorder_linear_weight`, `mkldnn._linear_pointwise`), 
 float32 torch.compile picks MKL's packed sgemm, which is no faster than `nn.Linear`. Each output row is computed the
 same whatever the number of rows, as for the output layer (output_layer.py).
 
+oneDNN builds and keeps a kernel for each row count it meets (about 0.5 MiB for each weight shape of SmolLM2): a
+server that meets every prompt length and batch width would grow by megabytes a minute for hours. Past 16 rows a
+product runs on rows padded to three significant bits (`padded_rows`: at most 25% more rows, four row counts an
+octave), so the kernels kept stay few.
+
 The output layer's weight is packed beside the dense one (`pack_output_layer`; it is often the input embedding,
 which must stay dense): a tree's verification or a batch's forward scores many rows, where the packed product is
 cheaper; the price is a second copy of the weight.
@@ -26,6 +31,7 @@ from selfspec.models.grouped_attention import GROUPED_SDPA, use_sdpa_attention
 from selfspec.models.layouts import decoder_layers
 
 ROWS_HINT = 4  # the row count oneDNN blocks the weight for; 1 would slow every multi-row forward
+EXACT_ROWS = 16  # products of up to this many rows (a decoding step, a verification) run unpadded
 
 
 class PackedLinear(nn.Module):
@@ -66,8 +72,22 @@ def packed_weight(weight: torch.Tensor) -> torch.Tensor:
 
 
 def packed_product(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """(..., in) x a packed (out, in) weight -> (..., out): x W^T + b."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    """(..., in) x a packed (out, in) weight -> (..., out): x W^T + b, on `padded_rows` rows."""
+    rows = x.numel() // x.shape[-1]
+    padded = padded_rows(rows)
+    if padded == rows:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    flat = torch.cat([x.reshape(rows, -1), x.new_zeros(padded - rows, x.shape[-1])])  # (padded, in)
+    product = torch.ops.mkldnn._linear_pointwise(flat, packed, bias, "none", [], "")  # (padded, out)
+    return product[:rows].reshape(*x.shape[:-1], -1)
+
+
+def padded_rows(rows: int) -> int:
+    """`rows` up to EXACT_ROWS, else `rows` rounded up to three significant bits (17 -> 20, 33 -> 40, 129 -> 160)."""
+    if rows <= EXACT_ROWS:
+        return rows
+    step = 1 << (rows.bit_length() - 3)
+    return -(-rows // step) * step
 
 
 def can_pack(model) -> bool:
