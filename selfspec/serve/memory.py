@@ -8,7 +8,8 @@ prompt's prefill. Served from the heap, they fragment it, and resident memory cr
 (`make soak` checks its growth). A fixed threshold gives each buffer of 1 MiB or more its own mapping,
 returned whole when freed; smaller ones (a step's per-layer activations) stay on the heap, where reuse is cheap.
 Their freed pages stay resident until glibc's malloc_trim hands them back; the batch worker calls it as rows end,
-at most every few seconds (`HeapTrim`).
+at most every few seconds (`HeapTrim`). The kernels oneDNN keeps for each row count of a packed linear are bounded
+where they are made (models/packed_linear.py, `padded_rows`).
 """
 
 import ctypes
