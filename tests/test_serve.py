@@ -328,7 +328,7 @@ def test_the_page_streams_replies_with_tokens_coloured_by_source_in_headless_chr
 
 def test_smollm2_streamed_greedy_reply_equals_run_py_plain_greedy_output(tmp_path):
     run = subprocess.run([sys.executable, "run.py", "data.name=chat", "data.limit=1", "strategies=[plain]",
-                          "sampling.max_new_tokens=32", "logger=none", "warmup=false",
+                          "sampling.max_new_tokens=16", "logger=none", "warmup=false",
                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]
     record = json.loads((tmp_path / "run" / "records.jsonl").read_text().splitlines()[0])
@@ -336,7 +336,7 @@ def test_smollm2_streamed_greedy_reply_equals_run_py_plain_greedy_output(tmp_pat
     (tmp_path / "serve").mkdir()
     with server(tmp_path / "serve", "logger=none", "warmup=false", "serve.max_batch=1") as url, \
             httpx.Client() as client:  # one request: no batch sizes above one to measure costs for
-        events = stream_events(client, url, {"model": "smollm2", "messages": chat(prompt), "max_tokens": 32,
+        events = stream_events(client, url, {"model": "smollm2", "messages": chat(prompt), "max_tokens": 16,
                                              "temperature": 0})
     tokens = [token for event in events if event["choices"] for token in event["selfspec"]["tokens"]]
     assert [t[0] for t in tokens] == record["output_ids"]
