@@ -45,7 +45,8 @@ def test_plain_greedy_equals_hf_generate(smollm2, prompts, plain):
     model, eos = smollm2.model, smollm2.tokenizer.eos_token_id
     for ids, ours in zip(prompts, plain):
         theirs = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                max_new_tokens=SETTINGS.max_new_tokens, do_sample=False, eos_token_id=eos, pad_token_id=eos)
+                                max_new_tokens=SETTINGS.max_new_tokens, do_sample=False, eos_token_id=eos,
+                                pad_token_id=eos)
         assert ours == theirs[0, len(ids):].tolist()
 
 
