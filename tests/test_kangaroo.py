@@ -86,10 +86,11 @@ def test_kangaroo_enters_its_skip_set_only_for_steps_that_draft_and_its_adapter_
 def test_the_hook_goes_away_when_another_generation_runs(tiny, prompt):
     drafter = KangarooDrafter(tiny, noisy_adapter(tiny, 3), 3, DraftExit(3))
     layer = decoder_layers(tiny)[2]
+    hooks = len(layer._forward_hooks)  # transformers' own output-capturing hook, once a test has asked for states
     generate(tiny, prompt, GenerationOptions(replace(SAMPLING, max_new_tokens=8)), drafter)
-    assert len(layer._forward_hooks) == 1
+    assert len(layer._forward_hooks) == hooks + 1
     plain = generate(tiny, prompt, GenerationOptions(replace(SAMPLING, max_new_tokens=8)))  # another cache: the hook removes itself
-    assert len(layer._forward_hooks) == 0 and drafter.cache is None
+    assert len(layer._forward_hooks) == hooks and drafter.cache is None
     again = generate(tiny, prompt, GenerationOptions(replace(SAMPLING, max_new_tokens=8)), drafter)
     assert again.new_tokens == plain.new_tokens
 

@@ -3,7 +3,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from selfspec.decoding.sampling import accept_probability, history_ids, logits_processor, residual, scores
+from selfspec.decoding.sampling import (accept_probability, history_ids, kept_q, logits_processor, residual, sample,
+                                       scores)
+from selfspec.decoding.speculative import verify_sampled
 from selfspec.errors import SelfspecError
 from selfspec.settings import default_settings
 
@@ -64,6 +66,25 @@ def test_accept_then_resample_from_the_residual_yields_exactly_p():
         accept[support] = accept_probability(p[support], q[support])
         output = q * accept + (q * (1 - accept)).sum() * residual(p, q)
         torch.testing.assert_close(output, p, atol=1e-6, rtol=0)
+
+
+def test_a_draft_holds_a_top_k_q_sparse_and_verification_reads_it_as_the_dense_one():
+    gen = torch.Generator().manual_seed(0)
+    top_k = replace(SAMPLING, temperature=1.0, top_k=5, top_p=1.0)
+    logits = torch.randn(4, 300, generator=gen)  # (k, vocab): a chain of 3 drafts, and the bonus row
+    q = [probs(top_k, row[None])[0] for row in logits[:3]]  # 5 nonzero entries each
+    held = [kept_q(q_j) for q_j in q]
+    assert all(h.is_sparse and h._nnz() == 5 for h in held)
+    torch.testing.assert_close(torch.stack([h.to_dense() for h in held]), torch.stack(q))
+    assert not kept_q(torch.softmax(logits[0], dim=-1)).is_sparse  # no zeros: dense is smaller
+    p = torch.softmax(torch.randn(4, 300, generator=gen), dim=-1)  # (k+1, vocab)
+    outcomes = set()
+    for seed in range(200):
+        tokens = [sample(q_j, torch.Generator().manual_seed(seed + j)) for j, q_j in enumerate(q)]
+        dense = verify_sampled(tokens, q, p, torch.Generator().manual_seed(seed))
+        assert verify_sampled(tokens, held, p, torch.Generator().manual_seed(seed)) == dense
+        outcomes.add(dense[0])
+    assert len(outcomes) > 1  # the seeds reach rejections (and their residuals), not only acceptances
 
 
 @pytest.mark.parametrize("kwargs,name", [({"temperature": -1.0}, "temperature"), ({"top_k": -2}, "top_k"),

@@ -14,6 +14,7 @@ from selfspec.decoding.drafters import (Draft, HybridDrafter, NgramTreeDrafter, 
                                         TreeDrafter)
 from selfspec.decoding.drafters.layer_skip_tree import branches
 from selfspec.decoding.options import GenerationOptions
+from selfspec.decoding.sampling import one_hot_q
 from selfspec.decoding.speculative import generate
 from selfspec.decoding.tree import verify_tree_sampled
 from selfspec.models.tiny import tiny_model
@@ -103,6 +104,11 @@ def one_hot(token: int) -> torch.Tensor:
     return torch.eye(V, dtype=torch.float64)[token]
 
 
+def held_sparse(cases):
+    """The same drafts with every q held sparse, as drafts keep q over a large vocabulary (sampling.kept_q)."""
+    return [(replace(draft, probs=[q.to_sparse() for q in draft.probs]), probability) for draft, probability in cases]
+
+
 def mixed_trees(q0, q1):
     """A copy (one-hot q) first, then a root child sampled from q0 (it may repeat the copy), with a child from q1."""
     return [(Draft([1, y, z], [one_hot(1), q0, q1[y]], "model", [-1, -1, 1]), float(q0[y] * q1[y][z]))
@@ -117,8 +123,11 @@ def test_multi_candidate_rule_emits_exactly_the_target_distribution(monkeypatch)
         q1 = torch.stack([random_distribution(gen, zeros=1) for _ in range(V)])
         exact = p0[:, None] * p1  # (V, V): plain sampling of two tokens
         copies = [(Draft([0, 2, 1], [one_hot(0), one_hot(2), one_hot(1)], "ngram", [-1, -1, 0]), 1.0)]
+        sparse_copies = [(Draft([0, 2, 1], one_hot_q([0, 2, 1], V, "cpu"), "ngram", [-1, -1, 0]), 1.0)]
         for cases in (layer_skip_trees(q0, q1), copies, mixed_trees(q0, q1)):
             torch.testing.assert_close(first_two_tokens(cases, p0, p1, monkeypatch), exact)
+            torch.testing.assert_close(first_two_tokens(held_sparse(cases), p0, p1, monkeypatch), exact)
+        torch.testing.assert_close(first_two_tokens(sparse_copies, p0, p1, monkeypatch), exact)
     # the enumeration can tell: forgetting to take a rejected candidate's q out of p is off
     monkeypatch.setattr(tree, "residual", lambda p, q: p)
     assert not torch.allclose(first_two_tokens(layer_skip_trees(q0, q1), p0, p1, monkeypatch), exact)
@@ -131,7 +140,7 @@ def test_sampled_branches_are_distinct_with_the_renormalised_q_each_was_drawn_fr
     assert len(tokens) == 3 and len(set(tokens)) == 3 and 3 not in tokens  # stops once q has no mass left
     rest = probs.clone()
     for token, q in chosen:
-        torch.testing.assert_close(q, rest / rest.sum())
+        torch.testing.assert_close(q.to_dense(), rest / rest.sum())
         rest[token] = 0.0
     assert branches(probs, 3, greedy=True, generator=None) == [(0, None), (1, None), (2, None)]
 

@@ -72,8 +72,22 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
+def kept_q(probs: torch.Tensor) -> torch.Tensor:
+    """A draft token's q (vocab,) as the draft keeps it until verification: sparse over its nonzero entries where
+    those are few (after top-k, at most k of Gemma-3's 262k), else probs itself."""
+    nonzero = int(torch.count_nonzero(probs))
+    return probs.to_sparse() if 3 * nonzero < probs.numel() else probs
+
+
+def one_hot_q(tokens: list[int], vocab_size: int, device) -> list[torch.Tensor]:
+    """Each token's q (vocab,) for deterministic drafts (copies, tables, pools), sparse: sampled verification accepts
+    x with probability p(x), else resamples from p without x."""
+    return [torch.sparse_coo_tensor([[token]], [1.0], (vocab_size,), device=device, is_coalesced=True,
+                                    check_invariants=True) for token in tokens]
+
+
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """norm(max(0, p - q)): where to resample after rejecting a draft token; p itself if p == q."""
+    """norm(max(0, p - q)): where to resample after rejecting a draft token; p itself if p == q. q dense or sparse."""
     r = (p - q).clamp_min(0)
     total = r.sum()
     return r / total if total > 0 else p

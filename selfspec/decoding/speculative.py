@@ -186,8 +186,8 @@ def accept(model, context: GenerationContext, tokens: list[int], proposal: Propo
         target = scores(logits, tokens + draft.tokens, len(tokens), context.processor)  # (k+1, vocab)
         if context.settings.greedy:
             accepted, next_token = verify_greedy(draft.tokens, target)
-        else:  # q (k, vocab); a separate draft model may sit on another device than the target's output layer
-            q = torch.stack(draft.probs).to(target.device) if draft.tokens else None
+        else:  # a separate draft model may sit on another device than the target's output layer
+            q = [probs.to(target.device) for probs in draft.probs]
             accepted, next_token = verify_sampled(draft.tokens, q, torch.softmax(target, dim=-1), context.generator)
         path = list(range(accepted))
     new = cut_at_end(([draft.tokens[i] for i in path] + [next_token])[:proposal.remaining], context.end_ids)
@@ -220,18 +220,19 @@ def verify_greedy(draft_tokens: list[int], target_scores: torch.Tensor) -> tuple
     return accepted, choices[accepted]
 
 
-def verify_sampled(draft_tokens: list[int], q: torch.Tensor, p: torch.Tensor, generator) -> tuple[int, int]:
+def verify_sampled(draft_tokens: list[int], q: list[torch.Tensor], p: torch.Tensor, generator) -> tuple[int, int]:
     """Speculative sampling: accept x ~ q with probability min(1, p(x)/q(x)); on the first rejection sample from
     the residual norm(max(0, p - q)); if every draft is accepted, sample the bonus token from p.
 
-    q: (k, vocab) draft distributions; p: (k+1, vocab) target distributions.
+    q: k draft distributions, each (vocab,), dense or sparse; p: (k+1, vocab) target distributions.
     """
     k = len(draft_tokens)
     if k == 0:
         return 0, sample(p[0], generator)
     x = torch.tensor(draft_tokens, device=p.device)
     rows = torch.arange(k, device=p.device)
-    accept_draft = torch.rand(k, generator=generator, device=p.device) < accept_probability(p[rows, x], q[rows, x])
+    q_x = torch.stack([q_j[x_j] for q_j, x_j in zip(q, draft_tokens)])  # (k,)
+    accept_draft = torch.rand(k, generator=generator, device=p.device) < accept_probability(p[rows, x], q_x)
     accepted = k if bool(accept_draft.all()) else int((~accept_draft).nonzero()[0])
     if accepted < k:
         return accepted, sample(residual(p[accepted], q[accepted]), generator)

@@ -18,7 +18,7 @@ import torch
 from transformers import LogitsProcessorList
 
 from selfspec.decoding.draft_exit import DraftExit
-from selfspec.decoding.sampling import logits_processor, sample, scores
+from selfspec.decoding.sampling import kept_q, logits_processor, sample, scores
 from selfspec.decoding.text_rules import OutputWatch
 from selfspec.errors import SelfspecError
 from selfspec.models.draft_vocabulary import DraftVocabulary
@@ -185,7 +185,7 @@ class ExitPolicyDrafter:
             token = int(row.argmax()) if settings.greedy else sample(probs, context.generator)
             draft.tokens.append(token)
             if not settings.greedy:
-                draft.probs.append(probs)
+                draft.probs.append(kept_q(probs))
             history.append(token)
             if (self.exit_policy.should_stop(float(probs.max())) or len(draft.tokens) == max_tokens
                     or token in context.end_ids):

@@ -18,7 +18,7 @@ from selfspec.decoding.drafters.layer_skip import SkippedModel
 from selfspec.decoding.drafters.ngram import PoliciesByMatch
 from selfspec.decoding.drafters.ngram_tree import build_prompt_lookup_tree
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
-from selfspec.decoding.sampling import sample, scores
+from selfspec.decoding.sampling import kept_q, sample, scores
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import output_device
 from selfspec.models.token_store import TokenStore
@@ -135,7 +135,7 @@ def branches(probs: torch.Tensor, width: int, greedy: bool, generator, top: torc
     chosen, q = [], probs
     for _ in range(width):
         token = sample(q, generator)
-        chosen.append((token, q))
+        chosen.append((token, kept_q(q)))
         rest = q.clone()
         rest[token] = 0.0
         if rest.sum() <= 0:

@@ -19,8 +19,8 @@ import random
 from selfspec.decoding.drafters.base import Draft, GenerationContext, Verification, require_positive
 from selfspec.decoding.drafters.ngram import NGRAM
 from selfspec.decoding.drafters.ngram_tree import add_branch
-from selfspec.decoding.drafters.token_recycling import one_hot
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
+from selfspec.decoding.sampling import one_hot_q
 from selfspec.errors import SelfspecError
 from selfspec.models.devices import output_device
 
@@ -63,7 +63,7 @@ class LookaheadDrafter:
         if not draft.tokens:
             return Draft()
         if not self.context.settings.greedy:
-            draft.probs = one_hot(draft.tokens, self.vocab_size, self.device)
+            draft.probs = one_hot_q(draft.tokens, self.vocab_size, self.device)
         return draft
 
     def add_window(self, draft: Draft) -> list[int]:

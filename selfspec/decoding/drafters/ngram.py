@@ -10,6 +10,7 @@ import torch
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.drafters.base import Draft, GenerationContext, cut_at_end, require_positive
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
+from selfspec.decoding.sampling import one_hot_q
 from selfspec.models.devices import output_device
 
 NGRAM = "ngram"  # Draft.source of copied drafts
@@ -83,9 +84,7 @@ class Copier:
 
     def one_hot(self, copied: list[int]) -> list[torch.Tensor]:
         """Each copied token's q (vocab,)."""
-        q = torch.zeros(len(copied), self.vocab_size, device=self.device)  # (k, vocab)
-        q[range(len(copied)), copied] = 1.0
-        return list(q)
+        return one_hot_q(copied, self.vocab_size, self.device)
 
 
 class NgramDrafter(Copier):

@@ -16,6 +16,7 @@ import torch
 
 from selfspec.decoding.drafters.base import STORE, Draft, GenerationContext, Verification, require_positive
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
+from selfspec.decoding.sampling import one_hot_q
 from selfspec.models.devices import output_device
 
 RANK_DECAY = 0.5  # the template's prior: a rank-r candidate is taken to be right RANK_DECAY**r as often as rank 0
@@ -38,13 +39,6 @@ def tree_template(nodes: int, depth: int, width: int) -> list[tuple[int, int]]:
             heapq.heappush(frontier, (value * RANK_DECAY, path[:-1] + (path[-1] + 1,)))
     return taken
 
-
-def one_hot(tokens: list[int], vocab_size: int, device) -> list[torch.Tensor]:
-    """Each drafted token's q (vocab,): a table's or pool's drafts are deterministic, so sampled verification accepts
-    x with probability p(x), else resamples from p without x."""
-    q = torch.zeros(len(tokens), vocab_size, device=device)  # (n, vocab)
-    q[range(len(tokens)), tokens] = 1.0
-    return list(q)
 
 
 class TokenRecyclingDrafter:
@@ -93,7 +87,7 @@ class TokenRecyclingDrafter:
         if not draft.tokens:
             return Draft()
         if not self.context.settings.greedy:
-            draft.probs = one_hot(draft.tokens, self.vocab_size, self.device)
+            draft.probs = one_hot_q(draft.tokens, self.vocab_size, self.device)
         return draft
 
     def update(self, drafted: int, accepted: int, path: list[int] | None = None, source: str = "model") -> None:
