@@ -74,7 +74,8 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 
 def kept_q(probs: torch.Tensor) -> torch.Tensor:
     """A draft token's q (vocab,) as the draft keeps it until verification: sparse over its nonzero entries where
-    those are few (after top-k, at most k of Gemma-3's 262k), else probs itself."""
+    that is smaller (an entry takes a 64-bit index and a value, three float32 entries' room; after top-k at most k
+    of Gemma-3's 262k are nonzero), else probs itself."""
     nonzero = int(torch.count_nonzero(probs))
     return probs.to_sparse() if 3 * nonzero < probs.numel() else probs
 

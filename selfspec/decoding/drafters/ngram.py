@@ -5,8 +5,6 @@ import copy
 from array import array
 from collections.abc import Sequence
 
-import torch
-
 from selfspec.decoding.draft_exit import DraftExit
 from selfspec.decoding.drafters.base import Draft, GenerationContext, cut_at_end, require_positive
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
@@ -82,10 +80,6 @@ class Copier:
         return [(n, cut_at_end(copied, self.context.end_ids))
                 for n, copied in ngram_matches(tokens, self.ngram_size, max_tokens, limit)]
 
-    def one_hot(self, copied: list[int]) -> list[torch.Tensor]:
-        """Each copied token's q (vocab,)."""
-        return one_hot_q(copied, self.vocab_size, self.device)
-
 
 class NgramDrafter(Copier):
     """The first of the context's copies (`ngram_matches`), at most `num_tokens` long; with an exit policy (the
@@ -106,7 +100,8 @@ class NgramDrafter(Copier):
         copied = copies[0][1] if copies else []
         if self.policies and copied:
             copied = cut_copy(self.policies[copies[0][0]], copied)
-        return Draft(copied, [] if self.context.settings.greedy else self.one_hot(copied), NGRAM)
+        probs = [] if self.context.settings.greedy else one_hot_q(copied, self.vocab_size, self.device)
+        return Draft(copied, probs, NGRAM)
 
 
 def cut_copy(exit_policy: DraftExit, copied: list[int], siblings: Sequence[float] = ()) -> list[int]:

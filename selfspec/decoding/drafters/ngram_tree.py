@@ -4,6 +4,7 @@ from selfspec.decoding.draft_exit import CostAwareExit
 from selfspec.decoding.drafters.base import Draft, require_positive
 from selfspec.decoding.drafters.ngram import NGRAM, Copier, cut_copy
 from selfspec.decoding.registry import StrategyInputs, StrategySpec
+from selfspec.decoding.sampling import one_hot_q
 
 RANKS = 2  # n-gram tree nodes learnt apart by the rank of their copy: 1, 2 and later
 
@@ -38,7 +39,7 @@ class NgramTreeDrafter(Copier):
         if not draft.tokens:
             return Draft()
         if not self.context.settings.greedy:
-            draft.probs = self.one_hot(draft.tokens)
+            draft.probs = one_hot_q(draft.tokens, self.vocab_size, self.device)
         return draft
 
     def shaped_trie(self, copies: list[tuple[int, list[int]]]) -> Draft:

@@ -40,7 +40,6 @@ def tree_template(nodes: int, depth: int, width: int) -> list[tuple[int, int]]:
     return taken
 
 
-
 class TokenRecyclingDrafter:
     """The adjacency table (vocab, width) of recycled candidates, drafted through `tree_template(nodes, depth,
     width)`. Example: with rows 7 -> [3, 9, ...] and 3 -> [5, ...], after the context's last token 7 the template
