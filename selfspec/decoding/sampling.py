@@ -74,10 +74,10 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 
 def kept_q(probs: torch.Tensor) -> torch.Tensor:
     """A draft token's q (vocab,) as the draft keeps it until verification: sparse over its nonzero entries where
-    that is smaller (an entry takes a 64-bit index and a value, three float32 entries' room; after top-k at most k
-    of Gemma-3's 262k are nonzero), else probs itself."""
-    nonzero = int(torch.count_nonzero(probs))
-    return probs.to_sparse() if 3 * nonzero < probs.numel() else probs
+    that is smaller (a sparse entry holds a 64-bit index beside its value; after top-k at most k of Gemma-3's 262k
+    are nonzero), else probs itself."""
+    nonzero, value_bytes = int(torch.count_nonzero(probs)), probs.element_size()
+    return probs.to_sparse() if nonzero * (8 + value_bytes) < probs.numel() * value_bytes else probs
 
 
 def one_hot_q(tokens: list[int], vocab_size: int, device) -> list[torch.Tensor]:
